@@ -1,0 +1,326 @@
+"""The lossless acceptance rule for a draft tree (DESIGN.md §2).
+
+Walk from the root. At the current row, with target law ``p`` and draft law ``q``, try
+the children in sibling (index) order. Child ``x`` with proposal law ``q_k``:
+
+* accept with probability ``min(1, p(x) / q_k(x))`` and move into ``x`` (its rows);
+* on reject, ``p <- normalize(max(p - q_k, 0))`` and try the next sibling;
+* when no child is left (or an accepted leaf is reached) emit one token from ``p``.
+
+Sibling schemes (``q_k`` for the k-th child of a row whose draft law is ``q``):
+
+* ``"iid"`` — siblings drawn independently from ``q``: ``q_k = q``.
+* ``"without_replacement"`` — sibling k drawn from ``q`` with the earlier siblings' tokens
+  removed and renormalized: that renormalized law is ``q_k`` (in the ratio and in the
+  residual). If the earlier siblings exhaust ``q``'s support, sibling k is a deterministic
+  choice and ``q_k`` is a point mass on it (see ``jaxspec.sampling.draw_without_replacement``).
+* ``"deterministic"`` — fixed candidates: ``q_k`` is a point mass, so accept with ``p(x)``
+  and on reject zero ``x`` in ``p`` and renormalize. Duplicates are harmless.
+
+Branch-free form. The residual sequence along each row's sibling list depends only on the
+tokens, never on the uniforms, so every node's acceptance probability and every row's
+final residual are computed up front, vectorized over rows, one step per sibling rank.
+The uniforms then pick the path with a few mask reductions: no data-dependent loop, so
+``jax.vmap`` over millions of chains costs every lane the same.
+
+Randomness: one independent uniform per node (each node is tested at most once) and one
+more, from a separate key, for the residual/bonus draw. No number is used twice.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import tree as _tree
+from jaxspec.sampling import sample_categorical
+
+__all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
+
+SCHEMES = ("iid", "without_replacement", "deterministic")
+
+#: tolerance for "rows sum to 1" when inputs are checked outside jit
+ROW_SUM_TOL = 1e-3
+
+
+class AcceptResult(NamedTuple):
+    """Outcome of one round for one tree (add a leading batch axis under ``vmap``).
+
+    tokens:             int32[N + 1] emitted tokens (accepted path, then the residual or
+                        bonus token), -1 padded.
+    num_tokens:         int32[] = num_accepted + 1.
+    num_accepted:       int32[] accepted draft nodes.
+    accepted_nodes:     int32[N] node indices of the accepted path in depth order, -1 padded.
+    accepted_per_depth: int32[N] 1 at ``d - 1`` when a node of depth ``d`` was accepted.
+    last_node:          int32[] deepest accepted node, -1 when none; the emitted extra token
+                        was drawn from (the residual of) row ``last_node + 1``.
+    """
+
+    tokens: jax.Array
+    num_tokens: jax.Array
+    num_accepted: jax.Array
+    accepted_nodes: jax.Array
+    accepted_per_depth: jax.Array
+    last_node: jax.Array
+
+
+# ----------------------------------------------------------------------------------
+# Static tree structure (numpy when parents are concrete, jnp when traced)
+# ----------------------------------------------------------------------------------
+
+
+class _Structure(NamedTuple):
+    children: object  # int[N + 1, K] children of each row in sibling order, -1 padded
+    rows_by_rank: tuple | None  # per rank k: static rows with > k children (concrete only)
+    earlier_sibling: object  # bool[N, N] [j, j']: j' is an earlier sibling of j
+    mask: object  # bool[N, N] ancestor-or-self
+    depth: object  # int[N]
+
+
+def _structure(parents) -> _Structure:
+    if _tree.is_concrete(parents):
+        par = _tree.validate_parents(parents)
+        n = par.shape[0]
+        counts = np.bincount(par + 1, minlength=n + 1)
+        k = int(counts.max())
+        children = np.full((n + 1, k), -1, np.int32)
+        fill = np.zeros(n + 1, np.int64)
+        for j, p in enumerate(par.tolist()):
+            children[p + 1, fill[p + 1]] = j
+            fill[p + 1] += 1
+        rows = tuple(np.flatnonzero(counts > r).astype(np.int32) for r in range(k))
+        idx = np.arange(n)
+        earlier = (par[None, :] == par[:, None]) & (idx[None, :] < idx[:, None])
+        mask = np.eye(n, dtype=bool)  # numpy: under jit, jnp ops on constants are staged
+        for j, p in enumerate(par.tolist()):
+            if p >= 0:
+                mask[j] |= mask[p]
+        depth = mask.sum(axis=1).astype(np.int32)
+        return _Structure(children, rows, earlier, mask, depth)
+    par = jnp.asarray(parents, jnp.int32)
+    n = par.shape[0]
+    idx = jnp.arange(n)
+    earlier = (par[None, :] == par[:, None]) & (idx[None, :] < idx[:, None])
+    mask = _tree.tree_mask(par)
+    return _Structure(
+        _tree.tree_children(par), None, earlier, mask, jnp.sum(mask, axis=1, dtype=jnp.int32)
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Residual tables
+# ----------------------------------------------------------------------------------
+
+
+def _normalize_or_keep(res, fallback):
+    """normalize(res) per row; rows whose mass is 0 (p == q in float) keep ``fallback``.
+
+    A zero residual means the rejection it follows had probability 0 (up to float
+    rounding), so the fallback is never used by an exact-arithmetic path.
+    """
+    s = jnp.sum(res, axis=-1, keepdims=True)
+    return jnp.where(s > 0, res / jnp.where(s > 0, s, 1.0), fallback)
+
+
+def _keep_if_positive(q, fallback):
+    s = jnp.sum(q, axis=-1, keepdims=True)
+    return jnp.where(s > 0, q, fallback)
+
+
+def _ratio(px, qx):
+    """min(1, p/q) without NaN/inf: q == 0 -> 1 if p > 0 else 0."""
+    safe_q = jnp.where(qx > 0, qx, 1.0)
+    return jnp.where(qx > 0, jnp.minimum(1.0, px / safe_q), (px > 0).astype(px.dtype))
+
+
+def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: str):
+    """Per-node acceptance probability and per-row final residual (no randomness).
+
+    Returns ``(accept_prob float32[N], residual float32[N + 1, V])``: ``accept_prob[j]`` is
+    the probability that node j is accepted *given that it is tried*; ``residual[r]`` is
+    the law emitted at row r when all of its children are rejected (for a leaf row,
+    the row itself: the bonus law). Pure and jit-safe; no input validation.
+    """
+    st = _structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)  # [N]
+    p_cur = jnp.asarray(target_probs, jnp.float32)  # [N + 1, V]
+    q_row = jnp.asarray(draft_probs, jnp.float32)  # [N + 1, V]
+    n = tokens.shape[0]
+    v = p_cur.shape[-1]
+    q_rem = q_row  # without_replacement: q with earlier siblings' tokens zeroed
+    accept = jnp.zeros((n,), jnp.float32)
+    num_ranks = st.children.shape[1]
+
+    for k in range(num_ranks):
+        if st.rows_by_rank is not None:
+            rows = st.rows_by_rank[k]  # static row indices with a k-th child
+            child = st.children[rows, k]  # static node indices
+        else:
+            rows = np.arange(n + 1)
+            child = st.children[:, k]  # traced, -1 where absent
+        has = child >= 0  # [R]
+        x = tokens[jnp.maximum(child, 0)]  # [R] candidate token per row
+        onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)  # [R, V]
+        p = p_cur[rows]  # [R, V]
+        if scheme == "iid":
+            qk = q_row[rows]
+        elif scheme == "without_replacement":
+            qr = q_rem[rows]
+            # k = 0: the row itself (bit-for-bit, as jaxspec.sampling.sibling_laws);
+            # exhausted support -> a point mass on the (deterministic) candidate
+            qk = _normalize_or_keep(qr, onehot) if k > 0 else _keep_if_positive(qr, onehot)
+        elif scheme == "deterministic":
+            qk = onehot
+        else:  # validated at the boundary; kept for direct callers
+            raise ValueError(f"scheme = {scheme!r}; expected one of {SCHEMES}")
+        px = jnp.take_along_axis(p, x[:, None], axis=1)[:, 0]
+        qx = jnp.take_along_axis(qk, x[:, None], axis=1)[:, 0]
+        a = _ratio(px, qx)  # [R]
+        new_p = _normalize_or_keep(jnp.maximum(p - qk, 0.0), p)
+        p_cur = p_cur.at[rows].set(jnp.where(has[:, None], new_p, p))
+        if scheme == "without_replacement":
+            q_rem = q_rem.at[rows].set(jnp.where(has[:, None], qr * (1.0 - onehot), qr))
+        accept = accept.at[jnp.where(has, child, n)].set(a, mode="drop")
+    return accept, p_cur
+
+
+# ----------------------------------------------------------------------------------
+# The rule
+# ----------------------------------------------------------------------------------
+
+
+def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    st = _structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    accept_prob, residual = accept_probabilities(
+        parents, tokens, target_probs, draft_probs, scheme=scheme
+    )
+    key_accept, key_emit = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
+    acc = u < accept_prob  # [N]
+    # A node is chosen when it accepts and no earlier sibling did (siblings in order).
+    chosen = acc & ~jnp.any(jnp.asarray(st.earlier_sibling) & acc[None, :], axis=1)
+    # On the path when it and every ancestor are chosen.
+    mask = jnp.asarray(st.mask)
+    depth = jnp.asarray(st.depth, jnp.int32)
+    on_path = ~jnp.any(mask & ~chosen[None, :], axis=1)  # [N]
+    num_accepted = jnp.sum(on_path, dtype=jnp.int32)
+    idx = jnp.arange(n, dtype=jnp.int32)
+    last = jnp.where(num_accepted > 0, jnp.argmax(jnp.where(on_path, depth, 0)), -1)
+    last = last.astype(jnp.int32)
+    emit_row = residual[last + 1]  # [V]
+    extra = sample_categorical(key_emit, emit_row).astype(jnp.int32)
+
+    slot = jnp.where(on_path, depth - 1, n)  # depth order, unique per depth
+    accepted_nodes = jnp.full((n,), -1, jnp.int32).at[slot].set(idx, mode="drop")
+    path_tokens = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
+    out = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])
+    out = out.at[num_accepted].set(extra)
+    per_depth = (accepted_nodes >= 0).astype(jnp.int32)
+    return AcceptResult(
+        tokens=out,
+        num_tokens=num_accepted + 1,
+        num_accepted=num_accepted,
+        accepted_nodes=accepted_nodes,
+        accepted_per_depth=per_depth,
+        last_node=last,
+    )
+
+
+def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
+    """Boundary validation: shapes and dtypes always, values when concrete."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme = {scheme!r}; expected one of {', '.join(SCHEMES)}")
+    if _tree.is_concrete(parents):
+        par = _tree.validate_parents(parents)
+        n = par.shape[0]
+    else:
+        if parents.ndim != 1:
+            raise ValueError(f"parents: expected shape [N], got {parents.shape}")
+        par = None
+        n = parents.shape[0]
+    tok_shape = np.shape(tokens)
+    if tok_shape != (n,):
+        raise ValueError(f"tokens: expected shape ({n},) to match parents, got {tok_shape}")
+    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
+        raise ValueError(f"tokens: expected an integer dtype, got {jnp.result_type(tokens)}")
+    shapes = {}
+    for name, arr in (("target_probs", target_probs), ("draft_probs", draft_probs)):
+        shape = np.shape(arr)
+        if len(shape) != 2 or shape[0] != n + 1:
+            raise ValueError(f"{name}: expected shape ({n + 1}, V) = [N + 1, V], got {shape}")
+        if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
+            raise ValueError(f"{name}: expected a floating dtype, got {jnp.result_type(arr)}")
+        shapes[name] = shape
+    v = shapes["target_probs"][1]
+    if shapes["draft_probs"][1] != v:
+        raise ValueError(
+            f"draft_probs: vocabulary size {shapes['draft_probs'][1]} differs from "
+            f"target_probs' {v}"
+        )
+    if _tree.is_concrete(tokens):
+        t = np.asarray(tokens)
+        bad = np.flatnonzero((t < 0) | (t >= v))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"tokens[{i}] = {int(t[i])}: expected a token id in [0, {v})")
+    used_draft_rows = None if par is None else np.unique(par + 1)
+    for name, arr, rows in (
+        ("target_probs", target_probs, None),
+        ("draft_probs", draft_probs, used_draft_rows),
+    ):
+        if not _tree.is_concrete(arr):
+            continue
+        a = np.asarray(arr, np.float64)
+        if rows is not None:
+            a_rows, idx = a[rows], rows
+        else:
+            a_rows, idx = a, np.arange(a.shape[0])
+        if not np.all(np.isfinite(a_rows)) or np.any(a_rows < 0):
+            r = int(idx[np.flatnonzero(~np.all(np.isfinite(a_rows) & (a_rows >= 0), axis=1))[0]])
+            raise ValueError(f"{name}[{r}]: expected finite, nonnegative probabilities")
+        sums = a_rows.sum(axis=1)
+        off = np.flatnonzero(np.abs(sums - 1.0) > ROW_SUM_TOL)
+        if off.size:
+            r = int(idx[off[0]])
+            raise ValueError(
+                f"{name}[{r}] sums to {sums[off[0]]:.6g}; expected each row to sum to 1 "
+                f"(tolerance {ROW_SUM_TOL})"
+            )
+
+
+def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, scheme: str):
+    """Accept a path of a draft tree and emit ``accepted + 1`` tokens, losslessly.
+
+    Args:
+      key: a ``jax.random.key``; split internally into one key for the per-node uniforms
+        and one for the residual/bonus draw.
+      parents: int32[N] tree (``parents[i] < i``, -1 = child of the root). A concrete array
+        (list, numpy) makes the tree a compile-time constant and is validated; a traced
+        array (dynamic trees) is used as data, unvalidated.
+      tokens: int32[N] the drafted token of each node.
+      target_probs: float32[N + 1, V] target law; row 0 at the root, row i + 1 after node i.
+      draft_probs: float32[N + 1, V] draft law the children of each row were drawn from
+        (after the same warps, in float32). Rows of leaves are not used.
+      scheme: ``"iid"``, ``"without_replacement"`` or ``"deterministic"``.
+
+    Returns:
+      :class:`AcceptResult`. Unbatched and pure: batch with ``jax.vmap`` over split keys.
+
+    Example (a chain of 2 where the draft equals the target accepts everything)::
+
+        p = jnp.full((3, 4), 0.25)
+        r = speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]), p, p,
+                               scheme="iid")
+        # r.num_tokens == 3, r.tokens[:2] == [1, 2], r.tokens[2] = bonus token
+
+    Raises:
+      ValueError: for an unknown scheme, bad shapes or dtypes, out-of-range tokens, or
+        (when the arrays are concrete) probability rows that do not sum to 1.
+    """
+    _check_inputs(parents, tokens, target_probs, draft_probs, scheme)
+    return _accept_core(key, parents, tokens, target_probs, draft_probs, scheme)

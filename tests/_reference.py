@@ -1,0 +1,112 @@
+"""An independent, sequential reference walk of the acceptance rule, plus deliberately
+broken variants ("mutants") that the exactness harness must reject.
+
+The library computes the rule branch-free (residual tables, then mask reductions); this
+file walks the tree one sibling at a time in a ``lax.while_loop``, exactly as DESIGN.md §2
+reads. Agreement of the two, and the mutants' rejection, is the evidence. The mutants live
+here, never in the library.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.sampling import _inverse_cdf
+
+MUTANTS = ("no-residual-update", "unrenormalized-q", "depth-row", "reused-uniform")
+
+
+def inverse_cdf(p, u):
+    """Token from unnormalized p by inverse CDF with uniform u in [0, 1) (the library's
+    primitive, so that reference and library agree token for token for the same key)."""
+    return _inverse_cdf(u, p)
+
+
+def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme, bug=None):
+    """Sequential walk. Returns (tokens int32[N + 1] -1 padded, num_accepted)."""
+    assert bug is None or bug in MUTANTS, bug
+    parents = np.asarray(parents, np.int32)
+    n = parents.shape[0]
+    v = target_probs.shape[-1]
+    children = np.full((n + 1, n + 1), -1, np.int32)
+    fill = np.zeros(n + 1, np.int32)
+    depth = np.zeros(n, np.int32)
+    for j, p in enumerate(parents):
+        children[p + 1, fill[p + 1]] = j
+        fill[p + 1] += 1
+        depth[j] = 1 if p < 0 else depth[p] + 1
+    children = jnp.asarray(children)
+    depth = jnp.asarray(depth)
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    key_u, key_final = jax.random.split(key)
+    uniforms = jax.random.uniform(key_u, (n,))  # one per node
+    u_final = jax.random.uniform(key_final, ())
+
+    def row_of(node):  # the row that judges node's children
+        if bug == "depth-row":
+            return depth[node]  # "row d = law at depth d": right for chains only
+        return node + 1
+
+    # state: row, p, q_rem, k, n_acc, done, out, last_u
+    def cond(s):
+        return ~s[5]
+
+    def body(s):
+        row, p, q_rem, k, n_acc, done, out, last_u = s
+        child = children[row, k]
+        no_child = child < 0
+        x = tokens[jnp.maximum(child, 0)]
+        onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)
+        if scheme == "iid":
+            qk = Q[row]
+        elif scheme == "without_replacement":
+            tot = q_rem.sum()
+            if bug == "unrenormalized-q":
+                qk = q_rem
+            else:
+                qk = jnp.where(tot > 0, q_rem / jnp.where(tot > 0, tot, 1.0), onehot)
+        else:
+            qk = onehot
+        px, qx = p[x], qk[x]
+        a = jnp.where(qx > 0, jnp.minimum(1.0, px / jnp.where(qx > 0, qx, 1.0)), (px > 0) * 1.0)
+        u = uniforms[jnp.maximum(child, 0)]
+        accept = (~no_child) & (u < a)
+        # emit when no child is left
+        u_emit = last_u if bug == "reused-uniform" else u_final
+        final_tok = inverse_cdf(p, u_emit)
+        out_no_child = out.at[n_acc].set(final_tok)
+        # accept: move into child
+        nxt = row_of(jnp.maximum(child, 0))
+        out_acc = out.at[n_acc].set(x)
+        # reject: residual update, next sibling
+        res = jnp.maximum(p - qk, 0.0)
+        s_res = res.sum()
+        p_rej = jnp.where(s_res > 0, res / jnp.where(s_res > 0, s_res, 1.0), p)
+        if bug == "no-residual-update":
+            p_rej = p
+        q_rej = q_rem * (1.0 - onehot)
+        new_row = jnp.where(accept, nxt, row)
+        new_p = jnp.where(no_child, p, jnp.where(accept, P[nxt], p_rej))
+        new_q = jnp.where(no_child, q_rem, jnp.where(accept, Q[nxt], q_rej))
+        new_k = jnp.where(accept, 0, k + 1)
+        new_n = n_acc + accept.astype(jnp.int32)
+        new_out = jnp.where(no_child, out_no_child, jnp.where(accept, out_acc, out))
+        new_last_u = jnp.where(no_child, last_u, u)
+        return (new_row, new_p, new_q, new_k, new_n, no_child, new_out, new_last_u)
+
+    init = (
+        jnp.int32(0),
+        P[0],
+        Q[0],
+        jnp.int32(0),
+        jnp.int32(0),
+        jnp.bool_(False),
+        jnp.full((n + 1,), -1, jnp.int32),
+        u_final,  # with no test made, the reused-uniform mutant falls back to u_final
+    )
+    s = jax.lax.while_loop(cond, body, init)
+    return s[6], s[4]

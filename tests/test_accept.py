@@ -1,0 +1,194 @@
+"""speculative_accept: literal cases, edge cases without NaN, validation, agreement with
+the sequential reference walk (tests/_reference.py), jit/vmap and traced parents."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _reference import reference_accept
+
+import jaxspec
+from jaxspec.acceptance import SCHEMES, accept_probabilities, speculative_accept
+
+TREE = [-1, -1, 0, 0, 1, 2]
+
+
+def _rand_rows(rng, n_rows, v, conc=0.5):
+    return rng.dirichlet(np.full(v, conc), size=n_rows).astype(np.float32)
+
+
+def test_equal_laws_accept_everything_on_a_chain():
+    p = np.full((4, 5), 0.2, np.float32)
+    keys = jax.random.split(jax.random.key(0), 1000)
+    r = jax.vmap(lambda k: speculative_accept(k, [-1, 0, 1], jnp.array([1, 2, 3]), p, p, scheme="iid"))(keys)
+    assert (r.num_tokens == 4).all() and (r.num_accepted == 3).all()
+    np.testing.assert_array_equal(r.tokens[:, :3], np.tile([1, 2, 3], (1000, 1)))
+    np.testing.assert_array_equal(r.accepted_nodes[0], [0, 1, 2])
+    np.testing.assert_array_equal(r.accepted_per_depth[0], [1, 1, 1])
+    assert (r.last_node == 2).all()
+
+
+def test_zero_target_probability_rejects_and_resamples_from_target():
+    # p puts no mass on the drafted token 0: always rejected, residual = p (q's mass is on 0)
+    p = np.array([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]], np.float32)
+    q = np.array([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], np.float32)
+    keys = jax.random.split(jax.random.key(1), 4000)
+    r = jax.vmap(lambda k: speculative_accept(k, [-1], jnp.array([0]), p, q, scheme="iid"))(keys)
+    assert (r.num_accepted == 0).all()
+    first = np.asarray(r.tokens[:, 0])
+    assert set(np.unique(first)) == {1, 2}
+    assert abs((first == 1).mean() - 0.5) < 0.05
+    assert (np.asarray(r.tokens[:, 1]) == -1).all()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_no_nan_on_degenerate_inputs(scheme):
+    v = 4
+    onehot = np.eye(v, dtype=np.float32)
+    cases = {
+        # p == q: residual sums to 0 in exact arithmetic
+        "p_equals_q": (np.full((3, v), 0.25, np.float32), np.full((3, v), 0.25, np.float32)),
+        # temperature 0 target (one-hot p), draft with zeros
+        "onehot_p": (onehot[[2, 1, 0]], np.array([[0.5, 0.5, 0, 0]] * 3, np.float32)),
+        # draft never proposes what the target wants, target never emits drafted tokens
+        "disjoint": (np.array([[0, 0, 0.5, 0.5]] * 3, np.float32), np.array([[0.5, 0.5, 0, 0]] * 3, np.float32)),
+    }
+    for name, (p, q) in cases.items():
+        for toks in ([0, 1], [2, 2], [3, 0]):
+            acc, res = accept_probabilities([-1, -1], jnp.array(toks), p, q, scheme=scheme)
+            assert np.isfinite(np.asarray(acc)).all() and np.isfinite(np.asarray(res)).all(), name
+            keys = jax.random.split(jax.random.key(2), 256)
+            r = jax.vmap(lambda k: speculative_accept(k, [-1, -1], jnp.array(toks), p, q, scheme=scheme))(keys)
+            out = np.asarray(r.tokens)
+            emitted = out[np.arange(256), np.asarray(r.num_tokens) - 1]
+            # the emitted extra token is never a zero-probability token of the law used
+            assert (emitted >= 0).all(), name
+            if name != "p_equals_q":
+                assert (p[0][emitted] > 0).all() or (r.num_accepted > 0).any(), name
+
+
+def test_onehot_target_reproduces_greedy():
+    # temperature 0: p one-hot at token 2 everywhere; any scheme/draft must emit 2s
+    v = 4
+    p = np.tile(np.eye(v, dtype=np.float32)[2], (7, 1))
+    rng = np.random.default_rng(0)
+    q = _rand_rows(rng, 7, v)
+    for scheme in SCHEMES:
+        keys = jax.random.split(jax.random.key(3), 500)
+        toks = jnp.array([1, 2, 2, 0, 3, 2])
+        r = jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme))(keys)
+        out, n = np.asarray(r.tokens), np.asarray(r.num_tokens)
+        for i in range(500):
+            assert (out[i, : n[i]] == 2).all() and (out[i, n[i]:] == -1).all()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("parents", [[-1, 0, 1, 2], TREE, [-1, -1, -1, 0, 0, 0, 3, 3, 6]])
+def test_agrees_with_sequential_reference(scheme, parents):
+    """Same key -> same emitted tokens as the straightforward walk, on random rows."""
+    rng = np.random.default_rng(len(parents))
+    n, v = len(parents), 5
+
+    @jax.jit
+    def both(keys, toks, p, q):
+        a = jax.vmap(lambda k: speculative_accept(k, parents, toks, p, q, scheme=scheme))(keys)
+        b = jax.vmap(lambda k: reference_accept(k, parents, toks, p, q, scheme=scheme))(keys)
+        return a, b
+
+    mism = 0
+    for trial in range(6):
+        p, q = _rand_rows(rng, n + 1, v), _rand_rows(rng, n + 1, v)
+        if scheme == "iid":
+            toks = rng.integers(0, v, n)
+        else:  # distinct siblings (as drawn without replacement / top-k)
+            toks = np.zeros(n, np.int64)
+            for par in set(parents):
+                kids = [j for j, pp in enumerate(parents) if pp == par]
+                toks[kids] = rng.permutation(v)[: len(kids)]
+        a, (b_tok, b_n) = both(jax.random.split(jax.random.key(trial), 300), jnp.asarray(toks, jnp.int32), p, q)
+        mism += int((np.asarray(a.tokens) != np.asarray(b_tok)).any(axis=1).sum())
+        np.testing.assert_array_equal(a.num_accepted, b_n)
+    assert mism == 0
+
+
+def test_traced_parents_match_static():
+    rng = np.random.default_rng(5)
+    p, q = _rand_rows(rng, 7, 6), _rand_rows(rng, 7, 6)
+    toks = jnp.array([0, 1, 2, 3, 4, 5])
+    keys = jax.random.split(jax.random.key(9), 200)
+    for scheme in SCHEMES:
+        static = jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme))(keys)
+        traced = jax.jit(
+            lambda par: jax.vmap(lambda k: speculative_accept(k, par, toks, p, q, scheme=scheme))(keys)
+        )(jnp.array(TREE, jnp.int32))
+        np.testing.assert_array_equal(static.tokens, traced.tokens)
+        np.testing.assert_array_equal(static.accepted_nodes, traced.accepted_nodes)
+
+
+def test_accepted_path_is_a_root_to_node_path():
+    rng = np.random.default_rng(6)
+    par = np.array(jaxspec.branching((2, 2, 2)))
+    n, v = len(par), 4
+    p, q = _rand_rows(rng, n + 1, v, 3.0), _rand_rows(rng, n + 1, v, 3.0)
+    toks = rng.integers(0, v, n)
+    keys = jax.random.split(jax.random.key(4), 2000)
+    r = jax.vmap(lambda k: speculative_accept(k, par, toks, p, q, scheme="iid"))(keys)
+    nodes, na = np.asarray(r.accepted_nodes), np.asarray(r.num_accepted)
+    assert na.max() == 3  # deep paths do occur
+    for i in range(2000):
+        path = nodes[i, : na[i]]
+        assert (nodes[i, na[i]:] == -1).all()
+        prev = -1
+        for node in path:
+            assert par[node] == prev
+            prev = node
+        np.testing.assert_array_equal(np.asarray(r.tokens[i, : na[i]]), toks[path])
+        assert r.accepted_per_depth[i].sum() == na[i]
+
+
+def test_validation_errors_name_the_argument():
+    p = np.full((3, 4), 0.25, np.float32)
+    key = jax.random.key(0)
+    ok = dict(parents=[-1, 0], tokens=jnp.array([0, 1]), target_probs=p, draft_probs=p)
+
+    def call(**kw):
+        args = {**ok, **kw}
+        scheme = args.pop("scheme", "iid")
+        return speculative_accept(key, args["parents"], args["tokens"], args["target_probs"], args["draft_probs"], scheme=scheme)
+
+    with pytest.raises(ValueError, match="scheme = 'greedy'"):
+        call(scheme="greedy")
+    with pytest.raises(ValueError, match=r"parents\[1\] = 1"):
+        call(parents=[-1, 1])
+    with pytest.raises(ValueError, match=r"tokens: expected shape \(2,\)"):
+        call(tokens=jnp.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="tokens: expected an integer dtype"):
+        call(tokens=jnp.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"tokens\[1\] = 7"):
+        call(tokens=jnp.array([0, 7]))
+    with pytest.raises(ValueError, match=r"target_probs: expected shape \(3, V\)"):
+        call(target_probs=p[:2])
+    with pytest.raises(ValueError, match="draft_probs: vocabulary size 5"):
+        call(draft_probs=np.full((3, 5), 0.2, np.float32))
+    with pytest.raises(ValueError, match=r"target_probs\[1\] sums to 2"):
+        call(target_probs=p.at[1].set(0.5) if hasattr(p, "at") else np.vstack([p[:1], np.full((1, 4), 0.5, np.float32), p[2:]]))
+    with pytest.raises(ValueError, match=r"draft_probs\[0\]: expected finite"):
+        call(draft_probs=np.vstack([np.full((1, 4), np.nan, np.float32), p[1:]]))
+    with pytest.raises(ValueError, match="target_probs: expected a floating dtype"):
+        call(target_probs=np.ones((3, 4), np.int32))
+    # leaf draft rows are unused and not checked
+    call(draft_probs=np.vstack([p[:2], np.zeros((1, 4), np.float32)]))
+
+
+def test_jit_does_not_retrace_for_new_keys_and_tokens():
+    traces = []
+
+    @jax.jit
+    def f(key, toks, p, q):
+        traces.append(1)
+        return speculative_accept(key, TREE, toks, p, q, scheme="without_replacement")
+
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        f(jax.random.key(i), jnp.array(rng.permutation(6)), _rand_rows(rng, 7, 6), _rand_rows(rng, 7, 6))
+    assert len(traces) == 1

@@ -1,0 +1,303 @@
+"""Warps and draft-side draws (jaxspec.sampling).
+
+Statistical tests use fixed seeds and a threshold fixed in advance: p > 1e-4 per test.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec import sampling
+from jaxspec.sampling import (
+    draw,
+    draw_deterministic,
+    draw_iid,
+    draw_without_replacement,
+    sample_categorical,
+    sibling_laws,
+    top_k_mask,
+    top_p_mask,
+    validate_warp_args,
+    warp_logits,
+    warp_probs,
+)
+from jaxspec.stats import chisquare_gof
+
+P_MIN = 1e-4  # fixed in advance, not tuned
+N_DRAWS = 1 << 18  # 262144 vmapped draws per statistical test
+
+# --------------------------------------------------------------------------- warps
+
+
+def test_top_k_ties_at_boundary_lowest_index_wins():
+    logits = jnp.array([1.0, 3.0, 3.0, 3.0, 0.0])
+    np.testing.assert_array_equal(top_k_mask(logits, 2), [False, True, True, False, False])
+    probs = warp_probs(logits, top_k=2)
+    np.testing.assert_allclose(probs, [0, 0.5, 0.5, 0, 0], atol=1e-7)
+    # strictly larger entries always kept, the boundary tie filled by index
+    probs = warp_probs(jnp.array([2.0, 1.0, 5.0, 2.0, 2.0]), top_k=3)
+    assert (np.asarray(probs) > 0).tolist() == [True, False, True, True, False]
+    # -0.0 and 0.0 are a tie
+    np.testing.assert_array_equal(top_k_mask(jnp.array([0.0, -0.0, 0.0]), 2), [True, True, False])
+    # k >= V keeps everything
+    assert bool(jnp.all(top_k_mask(logits, 10)))
+
+
+def test_top_k_exactly_k_batched():
+    logits = jnp.array([[0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 2.0, 1.0]])
+    m = top_k_mask(logits, 3)
+    np.testing.assert_array_equal(m, [[True, True, True, False], [True, True, True, False]])
+
+
+def test_top_p_boundary_and_ties():
+    # mass reached exactly at the boundary: the prefix stops there
+    np.testing.assert_array_equal(top_p_mask(jnp.array([0.5, 0.25, 0.125, 0.125]), 0.75),
+                                  [True, True, False, False])
+    # just above the boundary: one more token
+    np.testing.assert_array_equal(top_p_mask(jnp.array([0.5, 0.25, 0.125, 0.125]), 0.76),
+                                  [True, True, True, False])
+    # ties: lowest index first
+    np.testing.assert_array_equal(top_p_mask(jnp.full(4, 0.25), 0.5), [True, True, False, False])
+    np.testing.assert_array_equal(top_p_mask(jnp.array([0.2, 0.5, 0.3]), 0.75), [False, True, True])
+    # at least one token, even for a tiny top_p
+    np.testing.assert_array_equal(top_p_mask(jnp.array([0.1, 0.6, 0.3]), 1e-9), [False, True, False])
+    # top_p == 1 keeps everything, zero-probability tokens included (they stay 0 anyway)
+    assert bool(jnp.all(top_p_mask(jnp.array([0.7, 0.3, 0.0]), 1.0)))
+
+
+def test_warp_order_temperature_then_top_k_then_top_p():
+    logits = jnp.log(jnp.array([0.1, 0.2, 0.3, 0.4]))
+    # top-3 -> [0, 2/9, 3/9, 4/9]; top_p 0.5 needs {3, 2} (4/9 < .5)
+    np.testing.assert_allclose(warp_probs(logits, top_k=3, top_p=0.5), [0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    # top_p alone on the full law: 0.4 < 0.5 -> {3, 2}
+    np.testing.assert_allclose(warp_probs(logits, top_p=0.5), [0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    # top_p alone 0.75: 0.4 + 0.3 = 0.7 < 0.75 -> 3 tokens
+    np.testing.assert_allclose(warp_probs(logits, top_p=0.75), [0, 2 / 9, 3 / 9, 4 / 9], atol=1e-6)
+    # temperature 2: p ~ sqrt(p)
+    s = np.sqrt([0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_allclose(warp_probs(logits, temperature=2.0), s / s.sum(), rtol=1e-5)
+    # temperature changes the law seen by top_p: at T=2, top_p=0.5 -> {3, 2}: sqrt(.4)/sum < .5
+    t2 = warp_probs(logits, temperature=2.0, top_p=0.5)
+    np.testing.assert_allclose(t2, [0, 0, s[2] / (s[2] + s[3]), s[3] / (s[2] + s[3])], rtol=1e-5)
+
+
+def test_temperature_zero_is_greedy_one_hot():
+    logits = jnp.array([1.0, 4.0, 4.0, -jnp.inf])
+    expected = [0.0, 1.0, 0.0, 0.0]  # tie -> lowest index
+    np.testing.assert_array_equal(warp_probs(logits, temperature=0.0), expected)
+    np.testing.assert_array_equal(warp_probs(logits, temperature=0, top_k=2, top_p=0.3), expected)
+    # traced temperature: jnp.where branch
+    f = jax.jit(lambda x, t: warp_probs(x, temperature=t))
+    np.testing.assert_array_equal(f(logits, 0.0), expected)
+    np.testing.assert_allclose(f(logits, 1.0), warp_probs(logits), rtol=1e-6)
+    # tiny positive temperature: no overflow, no NaN
+    tiny = warp_probs(jnp.array([1.0, 2.0, -jnp.inf]), temperature=1e-30)
+    np.testing.assert_array_equal(tiny, [0.0, 1.0, 0.0])
+
+
+def test_neg_inf_logits_get_exact_zero():
+    logits = jnp.array([-jnp.inf, 0.0, -jnp.inf, 1.0])
+    for kw in [{}, {"top_k": 3}, {"top_p": 0.99}, {"temperature": 0.5, "top_k": 4, "top_p": 1.0}]:
+        p = np.asarray(warp_probs(logits, **kw))
+        assert p[0] == 0.0 and p[2] == 0.0, kw
+        assert np.isclose(p.sum(), 1.0) and np.all(np.isfinite(p))
+    lp = warp_logits(logits)
+    assert lp[0] == -jnp.inf and np.isclose(float(jnp.exp(lp[3])), np.e / (1 + np.e))
+    # all -inf: no NaN
+    assert np.all(np.isfinite(np.asarray(warp_probs(jnp.full(3, -jnp.inf)))))
+
+
+def test_warp_traced_top_p_jit_vmap():
+    logits = jnp.log(jnp.array([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]))
+    f = jax.jit(lambda x, t, p: warp_probs(x, temperature=t, top_k=3, top_p=p))
+    out = f(logits, 1.0, 0.5)
+    np.testing.assert_allclose(out, [[0, 0, 3 / 7, 4 / 7], [4 / 7, 3 / 7, 0, 0]], atol=1e-6)
+    np.testing.assert_allclose(f(logits, 1.0, 1.0), warp_probs(logits, top_k=3), atol=1e-7)
+    g = jax.vmap(lambda x, p: warp_probs(x, top_p=p))
+    np.testing.assert_allclose(g(logits, jnp.array([0.5, 0.75])),
+                               [[0, 0, 3 / 7, 4 / 7], [4 / 9, 3 / 9, 2 / 9, 0]], atol=1e-6)
+    assert out.dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2.0}, "top_k"),
+        ({"top_k": True}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
+def test_validation_names_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name) as e:
+        validate_warp_args(**kwargs)
+    assert repr(list(kwargs.values())[0]) in str(e.value)
+    with pytest.raises(ValueError, match=name):
+        warp_probs(jnp.zeros(4), **kwargs)
+
+
+def test_draw_validation():
+    p = jnp.full(4, 0.25)
+    with pytest.raises(ValueError, match="scheme"):
+        draw(jax.random.key(0), p, 2, "bogus")
+    with pytest.raises(ValueError, match="n: .*at most V=4"):
+        draw_without_replacement(jax.random.key(0), p, 5)
+    with pytest.raises(ValueError, match="n: "):
+        draw_iid(jax.random.key(0), p, 0)
+    with pytest.raises(ValueError, match="probs"):
+        draw_deterministic(jnp.ones((2, 4)), 1)
+
+
+# --------------------------------------------------------------------------- categorical
+
+
+def _counts(tokens, k):
+    return np.bincount(np.asarray(tokens).ravel(), minlength=k)
+
+
+def test_sample_categorical_frequencies_and_never_zero():
+    probs = jnp.array([0.0, 2.0, 0.0, 1.0, 5.0, 0.0, 0.01, 0.0])  # unnormalized
+    keys = jax.random.split(jax.random.key(1), N_DRAWS)
+    tokens = jax.jit(jax.vmap(sample_categorical, in_axes=(0, None)))(keys, probs)
+    assert tokens.dtype == jnp.int32
+    c = _counts(tokens, 8)
+    assert c[[0, 2, 5, 7]].sum() == 0
+    p = np.asarray(probs, np.float64) / float(np.sum(np.asarray(probs, np.float64)))
+    r = chisquare_gof(c, p)
+    assert r.pvalue > P_MIN, f"{r}\n{r.table()}"
+    # batched rows: one draw per row
+    batch = jnp.stack([probs, probs[::-1]])
+    t = sample_categorical(jax.random.key(2), batch)
+    assert t.shape == (2,) and float(batch[0, t[0]]) > 0 and float(batch[1, t[1]]) > 0
+
+
+def test_sample_categorical_edge_cases():
+    probs = jnp.array([0.0, 0.3, 0.0, 0.7, 0.0])
+    inv = sampling._inverse_cdf
+    assert int(inv(jnp.float32(0.0), probs)) == 1
+    assert int(inv(jnp.float32(np.nextafter(np.float32(1), np.float32(0))), probs)) == 3
+    assert int(inv(jnp.float32(1.0), probs)) == 3  # clamp to the last positive token
+    # total 0 -> lowest index; NaN / negative entries never chosen, never NaN
+    assert int(sample_categorical(jax.random.key(0), jnp.zeros(5))) == 0
+    weird = jnp.array([jnp.nan, -1.0, 0.0, 2.0, 0.0])
+    keys = jax.random.split(jax.random.key(3), 1000)
+    assert np.all(np.asarray(jax.vmap(sample_categorical, in_axes=(0, None))(keys, weird)) == 3)
+
+
+def test_sample_categorical_never_picks_zero_sparse_large_vocab():
+    rng = np.random.default_rng(0)
+    v = 4096
+    p = np.where(rng.random(v) < 0.05, rng.random(v) ** 8, 0.0).astype(np.float32)
+    p[-1] = 0.0
+    probs = jnp.asarray(p)
+    keys = jax.random.split(jax.random.key(4), 1 << 16)
+    t = np.asarray(jax.jit(jax.vmap(sample_categorical, in_axes=(0, None)))(keys, probs))
+    assert np.all(p[t] > 0)
+
+
+# --------------------------------------------------------------------------- draws
+
+
+def _pair_law_without_replacement(p):
+    """Exact law of the ordered pair (t0, t1) of sequential sampling without replacement."""
+    v = len(p)
+    out = np.zeros((v, v))
+    for a, b in itertools.permutations(range(v), 2):
+        if p[a] > 0 and p[a] < 1:
+            out[a, b] = p[a] * p[b] / (1 - p[a])
+    return out
+
+
+def _pair_counts(tokens, v):
+    t = np.asarray(tokens)
+    return np.bincount(t[:, 0] * v + t[:, 1], minlength=v * v)
+
+
+@pytest.mark.parametrize("p", [[0.1, 0.2, 0.3, 0.4], [0.5, 0.3, 0.0, 0.2]])
+def test_without_replacement_pair_law(p):
+    probs = jnp.asarray(p, jnp.float32)
+    keys = jax.random.split(jax.random.key(10), N_DRAWS)
+    f = jax.jit(jax.vmap(lambda k: draw_without_replacement(k, probs, 3)))
+    tokens, laws = f(keys)
+    assert tokens.shape == (N_DRAWS, 3) and laws.shape == (N_DRAWS, 3, 4)
+    law = _pair_law_without_replacement(np.asarray(p, np.float64)).ravel()
+    r = chisquare_gof(_pair_counts(tokens, 4), law)
+    assert r.pvalue > P_MIN, f"{r}\n{r.table()}"
+    # all siblings distinct, zero-probability token never among the first two
+    t = np.asarray(tokens)
+    assert np.all((t[:, 0] != t[:, 1]) & (t[:, 1] != t[:, 2]) & (t[:, 0] != t[:, 2]))
+    zero = [i for i, x in enumerate(p) if x == 0]
+    assert not np.isin(t[:, :2], zero).any()
+    # reported laws are the renormalized rows, recomputed here in float64
+    pp = np.asarray(p, np.float64)
+    for i in range(5):
+        ti, li = t[i], np.asarray(laws[i])
+        np.testing.assert_array_equal(li[0], np.asarray(probs))
+        for k in (1, 2):
+            m = pp.copy()
+            m[ti[:k]] = 0
+            np.testing.assert_allclose(li[k], m / m.sum(), rtol=1e-6, atol=1e-7)
+
+
+def test_iid_pair_law():
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    probs = jnp.asarray(p, jnp.float32)
+    keys = jax.random.split(jax.random.key(11), N_DRAWS)
+    tokens, laws = jax.jit(jax.vmap(lambda k: draw_iid(k, probs, 2)))(keys)
+    r = chisquare_gof(_pair_counts(tokens, 4), np.outer(p, p).ravel())
+    assert r.pvalue > P_MIN, f"{r}\n{r.table()}"
+    np.testing.assert_array_equal(laws[0], np.stack([probs, probs]))
+
+
+def test_without_replacement_support_exhaustion():
+    probs = jnp.array([0.0, 0.6, 0.0, 0.4, 0.0])
+    keys = jax.random.split(jax.random.key(12), 2000)
+    tokens, laws = jax.jit(jax.vmap(lambda k: draw_without_replacement(k, probs, 5)))(keys)
+    t = np.asarray(tokens)
+    assert set(map(tuple, t[:, :2])) == {(1, 3), (3, 1)}
+    np.testing.assert_array_equal(t[:, 2:], np.broadcast_to([0, 2, 4], (2000, 3)))
+    onehots = np.eye(5, dtype=np.float32)
+    i = int(np.argmax(t[:, 0] == 3))  # a draw with tokens = [3, 1, 0, 2, 4]
+    np.testing.assert_array_equal(laws[i, 0], probs)
+    np.testing.assert_array_equal(laws[i, 1], onehots[1])  # {1} left: renormalized = one-hot
+    np.testing.assert_array_equal(laws[i, 2:], onehots[[0, 2, 4]])
+    # a single positive token; n = V
+    tokens, laws = draw_without_replacement(jax.random.key(0), jnp.array([0.0, 0.0, 1.0]), 3)
+    np.testing.assert_array_equal(tokens, [2, 0, 1])
+    np.testing.assert_array_equal(laws, [[0, 0, 1], [1, 0, 0], [0, 1, 0]])
+
+
+def test_deterministic_draw():
+    tokens, laws = draw_deterministic(jnp.array([0.1, 0.3, 0.3, 0.3]), 2)
+    np.testing.assert_array_equal(tokens, [1, 2])
+    np.testing.assert_array_equal(laws, [[0, 1, 0, 0], [0, 0, 1, 0]])
+    tokens, _ = draw(None, jnp.array([0.0, 0.0, 0.2, 0.8]), 3, "deterministic")
+    np.testing.assert_array_equal(tokens, [3, 2, 0])
+
+
+def test_sibling_laws_literal_and_duplicates():
+    probs = jnp.array([0.5, 0.3, 0.2, 0.0])
+    laws = sibling_laws(probs, jnp.array([1, 0, 2]), "without_replacement")
+    np.testing.assert_allclose(laws, [[0.5, 0.3, 0.2, 0], [5 / 7, 0, 2 / 7, 0], [0, 0, 1, 0]], atol=1e-7)
+    # deterministic duplicates are fine: each is a point mass
+    np.testing.assert_array_equal(sibling_laws(probs, jnp.array([0, 0]), "deterministic"),
+                                  [[1, 0, 0, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("scheme", sampling.SCHEMES)
+def test_draw_jit_vmap_and_laws_match_sibling_laws(scheme):
+    probs = warp_probs(jnp.log(jnp.array([0.05, 0.15, 0.3, 0.2, 0.3])), top_k=4)
+    f = jax.jit(draw, static_argnums=(2, 3))
+    tokens, laws = f(jax.random.key(5), probs, 3, scheme)
+    assert tokens.dtype == jnp.int32 and laws.dtype == jnp.float32 and laws.shape == (3, 5)
+    np.testing.assert_array_equal(laws, sibling_laws(probs, tokens, scheme))
+    keys = jax.random.split(jax.random.key(6), 8)
+    bt, bl = jax.vmap(lambda k, p: draw(k, p, 3, scheme), in_axes=(0, None))(keys, probs)
+    assert bt.shape == (8, 3) and bl.shape == (8, 3, 5)
+    assert np.all(np.asarray(probs)[np.asarray(bt)] > 0)
