@@ -18,10 +18,13 @@ Sibling schemes (``q_k`` for the k-th child of a row whose draft law is ``q``):
   and on reject zero ``x`` in ``p`` and renormalize. Duplicates are harmless.
 
 Branch-free form. The residual sequence along each row's sibling list depends only on the
-tokens, never on the uniforms, so every node's acceptance probability and every row's
-final residual are computed up front, vectorized over rows, one step per sibling rank.
-The uniforms then pick the path with a few mask reductions: no data-dependent loop, so
-``jax.vmap`` over millions of chains costs every lane the same.
+tokens, never on the uniforms, so every node's acceptance probability is computed up
+front, vectorized over rows, one step per sibling rank (full residual vectors only for
+rows that still have a sibling to judge: a chain needs none; the deterministic scheme is
+pure scalar arithmetic). The uniforms then pick the path with a few mask reductions, and
+only the one row the extra token is emitted from gets its residual recomputed (one row,
+one step per sibling). No data-dependent loop, so ``jax.vmap`` over millions of chains
+costs every lane the same.
 
 Randomness: one independent uniform per node (each node is tested at most once) and one
 more, from a separate key, for the residual/bonus draw. No number is used twice.
@@ -78,6 +81,7 @@ class _Structure(NamedTuple):
     earlier_sibling: object  # bool[N, N] [j, j']: j' is an earlier sibling of j
     mask: object  # bool[N, N] ancestor-or-self
     depth: object  # int[N]
+    parent_row: object  # int[N] = parents + 1, the row that judges each node
 
 
 def _structure(parents) -> _Structure:
@@ -99,14 +103,19 @@ def _structure(parents) -> _Structure:
             if p >= 0:
                 mask[j] |= mask[p]
         depth = mask.sum(axis=1).astype(np.int32)
-        return _Structure(children, rows, earlier, mask, depth)
+        return _Structure(children, rows, earlier, mask, depth, par + 1)
     par = jnp.asarray(parents, jnp.int32)
     n = par.shape[0]
     idx = jnp.arange(n)
     earlier = (par[None, :] == par[:, None]) & (idx[None, :] < idx[:, None])
     mask = _tree.tree_mask(par)
     return _Structure(
-        _tree.tree_children(par), None, earlier, mask, jnp.sum(mask, axis=1, dtype=jnp.int32)
+        _tree.tree_children(par),
+        None,
+        earlier,
+        mask,
+        jnp.sum(mask, axis=1, dtype=jnp.int32),
+        par + 1,
     )
 
 
@@ -136,55 +145,121 @@ def _ratio(px, qx):
     return jnp.where(qx > 0, jnp.minimum(1.0, px / safe_q), (px > 0).astype(px.dtype))
 
 
+def _sibling_law(q_row, q_rem, onehot, k, scheme):
+    """``q_k`` for rows whose k-th child has one-hot ``onehot`` [R, V]."""
+    if scheme == "iid":
+        return q_row
+    if scheme == "deterministic":
+        return onehot
+    if scheme == "without_replacement":
+        # k = 0: the row itself (bit-for-bit, as jaxspec.sampling.sibling_laws);
+        # exhausted support -> a point mass on the (deterministic) candidate
+        return _keep_if_positive(q_rem, onehot) if k == 0 else _normalize_or_keep(q_rem, onehot)
+    raise ValueError(f"scheme = {scheme!r}; expected one of {SCHEMES}")
+
+
+def _deterministic_accept(st, tokens, p_rows):
+    """Scalar form for point-mass siblings: p^(k) = p with earlier tokens zeroed, renormalized.
+
+    a_j = 0 for a duplicate of an earlier sibling, else p(x_j) / (1 - removed mass).
+    No pass over the vocabulary.
+    """
+    earlier = jnp.asarray(st.earlier_sibling)  # [N, N]
+    px = p_rows  # [N] target prob of each node's token under its parent's row
+    same_tok = tokens[:, None] == tokens[None, :]
+    dup = jnp.any(earlier & same_tok, axis=1)  # [N]
+    removed = jnp.sum(jnp.where(earlier & ~dup[None, :], px[None, :], 0.0), axis=1)
+    left = 1.0 - removed
+    a = jnp.where(left > 0, px / jnp.where(left > 0, left, 1.0), 0.0)
+    return jnp.where(dup, 0.0, jnp.clip(a, 0.0, 1.0))
+
+
+def _node_accept_probs(st, tokens, P, Q, scheme):
+    """float32[N]: P(node accepted | tried). Full residual vectors are materialized only
+    for rows that still have a next sibling to judge; a chain needs none."""
+    n = tokens.shape[0]
+    v = P.shape[-1]
+    parent_row = jnp.asarray(st.parent_row)
+    if scheme == "deterministic":
+        return _deterministic_accept(st, tokens, P[parent_row, tokens])
+    accept = jnp.zeros((n,), jnp.float32)
+    num_ranks = st.children.shape[1]
+    p_rows = q_rem = None  # residual / remaining-q vectors of the rows in play
+    for k in range(num_ranks):
+        if st.rows_by_rank is not None:
+            rows = st.rows_by_rank[k]  # static rows with a k-th child
+            child = st.children[rows, k]  # static node ids
+        else:
+            rows = np.arange(n + 1)
+            child = st.children[:, k]  # traced, -1 where absent
+        has = child >= 0  # [R]
+        x = tokens[jnp.maximum(child, 0)]  # [R]
+        if k == 0:
+            px = P[rows, x]
+            qx = Q[rows, x]
+        else:
+            px = jnp.take_along_axis(p_rows, x[:, None], axis=1)[:, 0]
+            onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)
+            qk = _sibling_law(Q[rows], q_rem, onehot, k, scheme)
+            qx = jnp.take_along_axis(qk, x[:, None], axis=1)[:, 0]
+        accept = accept.at[jnp.where(has, child, n)].set(_ratio(px, qx), mode="drop")
+        if k + 1 == num_ranks:
+            break
+        # residual after rejecting the k-th child, for the rows that have a (k+1)-th one
+        if st.rows_by_rank is not None:
+            nxt = st.rows_by_rank[k + 1]
+            sub = np.searchsorted(rows, nxt)  # positions of the next rows within `rows`
+        else:
+            nxt, sub = rows, rows
+        xs, hs = x[sub], has[sub]
+        onehot = jax.nn.one_hot(xs, v, dtype=jnp.float32)  # [R', V]
+        p_prev = P[nxt] if k == 0 else p_rows[sub]
+        q_prev = Q[nxt] if k == 0 else q_rem[sub]
+        qk = _sibling_law(Q[nxt], q_prev, onehot, k, scheme)
+        p_new = _normalize_or_keep(jnp.maximum(p_prev - qk, 0.0), p_prev)
+        p_rows = jnp.where(hs[:, None], p_new, p_prev)
+        q_rem = jnp.where(hs[:, None], q_prev * (1.0 - onehot), q_prev)
+    return accept
+
+
+def _row_residual(st, row, tokens, P, Q, scheme):
+    """float32[V]: the law emitted at ``row`` (traced scalar) once all its children were
+    rejected; for a leaf row, the row itself (the bonus law)."""
+    v = P.shape[-1]
+    p = P[row]
+    q_row = Q[row]
+    kids = jnp.asarray(st.children)[row]  # [K], -1 padded
+    if scheme == "deterministic":
+        x = tokens[jnp.maximum(kids, 0)]
+        hit = jnp.zeros((v,), jnp.bool_).at[jnp.where(kids >= 0, x, v)].set(True, mode="drop")
+        return _normalize_or_keep(jnp.where(hit, 0.0, p), p)
+    q_rem = q_row
+    for k in range(kids.shape[0]):
+        has = kids[k] >= 0
+        onehot = jax.nn.one_hot(tokens[jnp.maximum(kids[k], 0)], v, dtype=jnp.float32)
+        qk = _sibling_law(q_row, q_rem, onehot, k, scheme)
+        p = jnp.where(has, _normalize_or_keep(jnp.maximum(p - qk, 0.0), p), p)
+        q_rem = jnp.where(has, q_rem * (1.0 - onehot), q_rem)
+    return p
+
+
 def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: str):
     """Per-node acceptance probability and per-row final residual (no randomness).
 
     Returns ``(accept_prob float32[N], residual float32[N + 1, V])``: ``accept_prob[j]`` is
     the probability that node j is accepted *given that it is tried*; ``residual[r]`` is
     the law emitted at row r when all of its children are rejected (for a leaf row,
-    the row itself: the bonus law). Pure and jit-safe; no input validation.
+    the row itself: the bonus law). Pure and jit-safe; no input validation. (The rule
+    itself computes only the one residual row it emits from.)
     """
     st = _structure(parents)
-    tokens = jnp.asarray(tokens, jnp.int32)  # [N]
-    p_cur = jnp.asarray(target_probs, jnp.float32)  # [N + 1, V]
-    q_row = jnp.asarray(draft_probs, jnp.float32)  # [N + 1, V]
-    n = tokens.shape[0]
-    v = p_cur.shape[-1]
-    q_rem = q_row  # without_replacement: q with earlier siblings' tokens zeroed
-    accept = jnp.zeros((n,), jnp.float32)
-    num_ranks = st.children.shape[1]
-
-    for k in range(num_ranks):
-        if st.rows_by_rank is not None:
-            rows = st.rows_by_rank[k]  # static row indices with a k-th child
-            child = st.children[rows, k]  # static node indices
-        else:
-            rows = np.arange(n + 1)
-            child = st.children[:, k]  # traced, -1 where absent
-        has = child >= 0  # [R]
-        x = tokens[jnp.maximum(child, 0)]  # [R] candidate token per row
-        onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)  # [R, V]
-        p = p_cur[rows]  # [R, V]
-        if scheme == "iid":
-            qk = q_row[rows]
-        elif scheme == "without_replacement":
-            qr = q_rem[rows]
-            # k = 0: the row itself (bit-for-bit, as jaxspec.sampling.sibling_laws);
-            # exhausted support -> a point mass on the (deterministic) candidate
-            qk = _normalize_or_keep(qr, onehot) if k > 0 else _keep_if_positive(qr, onehot)
-        elif scheme == "deterministic":
-            qk = onehot
-        else:  # validated at the boundary; kept for direct callers
-            raise ValueError(f"scheme = {scheme!r}; expected one of {SCHEMES}")
-        px = jnp.take_along_axis(p, x[:, None], axis=1)[:, 0]
-        qx = jnp.take_along_axis(qk, x[:, None], axis=1)[:, 0]
-        a = _ratio(px, qx)  # [R]
-        new_p = _normalize_or_keep(jnp.maximum(p - qk, 0.0), p)
-        p_cur = p_cur.at[rows].set(jnp.where(has[:, None], new_p, p))
-        if scheme == "without_replacement":
-            q_rem = q_rem.at[rows].set(jnp.where(has[:, None], qr * (1.0 - onehot), qr))
-        accept = accept.at[jnp.where(has, child, n)].set(a, mode="drop")
-    return accept, p_cur
+    tokens = jnp.asarray(tokens, jnp.int32)
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    accept = _node_accept_probs(st, tokens, P, Q, scheme)
+    rows = jnp.arange(tokens.shape[0] + 1)
+    residual = jax.vmap(lambda r: _row_residual(st, r, tokens, P, Q, scheme))(rows)
+    return accept, residual
 
 
 # ----------------------------------------------------------------------------------
@@ -196,9 +271,9 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     st = _structure(parents)
     tokens = jnp.asarray(tokens, jnp.int32)
     n = tokens.shape[0]
-    accept_prob, residual = accept_probabilities(
-        parents, tokens, target_probs, draft_probs, scheme=scheme
-    )
+    P = jnp.asarray(target_probs, jnp.float32)  # [N + 1, V]
+    Q = jnp.asarray(draft_probs, jnp.float32)  # [N + 1, V]
+    accept_prob = _node_accept_probs(st, tokens, P, Q, scheme)  # [N]
     key_accept, key_emit = jax.random.split(key)
     u = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
     acc = u < accept_prob  # [N]
@@ -212,7 +287,7 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     idx = jnp.arange(n, dtype=jnp.int32)
     last = jnp.where(num_accepted > 0, jnp.argmax(jnp.where(on_path, depth, 0)), -1)
     last = last.astype(jnp.int32)
-    emit_row = residual[last + 1]  # [V]
+    emit_row = _row_residual(st, last + 1, tokens, P, Q, scheme)  # [V]
     extra = sample_categorical(key_emit, emit_row).astype(jnp.int32)
 
     slot = jnp.where(on_path, depth - 1, n)  # depth order, unique per depth

@@ -9,11 +9,19 @@ here, never in the library.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.sampling import _inverse_cdf
+
+class RefResult(NamedTuple):
+    tokens: jax.Array  # int32[N + 1], -1 padded
+    num_accepted: jax.Array
+    num_tokens: jax.Array
+
 
 MUTANTS = ("no-residual-update", "unrenormalized-q", "depth-row", "reused-uniform")
 
@@ -25,7 +33,7 @@ def inverse_cdf(p, u):
 
 
 def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme, bug=None):
-    """Sequential walk. Returns (tokens int32[N + 1] -1 padded, num_accepted)."""
+    """Sequential walk -> RefResult(tokens int32[N + 1] -1 padded, num_accepted, num_tokens)."""
     assert bug is None or bug in MUTANTS, bug
     parents = np.asarray(parents, np.int32)
     n = parents.shape[0]
@@ -109,4 +117,4 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
         u_final,  # with no test made, the reused-uniform mutant falls back to u_final
     )
     s = jax.lax.while_loop(cond, body, init)
-    return s[6], s[4]
+    return RefResult(s[6], s[4], s[4] + 1)

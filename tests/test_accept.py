@@ -105,7 +105,7 @@ def test_agrees_with_sequential_reference(scheme, parents):
             for par in set(parents):
                 kids = [j for j, pp in enumerate(parents) if pp == par]
                 toks[kids] = rng.permutation(v)[: len(kids)]
-        a, (b_tok, b_n) = both(jax.random.split(jax.random.key(trial), 300), jnp.asarray(toks, jnp.int32), p, q)
+        a, (b_tok, b_n, _) = both(jax.random.split(jax.random.key(trial), 300), jnp.asarray(toks, jnp.int32), p, q)
         mism += int((np.asarray(a.tokens) != np.asarray(b_tok)).any(axis=1).sum())
         np.testing.assert_array_equal(a.num_accepted, b_n)
     assert mism == 0

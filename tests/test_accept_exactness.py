@@ -1,0 +1,212 @@
+"""Statistical exactness of the acceptance rule, with power.
+
+Setup (fixed in advance, not tuned to pass): bigram target/draft tables over V = 4 tokens,
+chains of several speculative rounds, the joint law of the first L = 3 emitted tokens
+(64 cells) over 2^20 independent chains per case (one split key per chain, counts
+streamed in chunks of 2^16).
+
+* joint χ² goodness of fit against the exact law prod T[y_{i-1}, y_i], plus the L
+  per-position marginals, and a two-sample χ² against target-only ancestral sampling with
+  the same number of samples — for every scheme × {chain, wide shallow, deep branching};
+* warped target laws (temperature / top-k / top-p), and temperature 0 = greedy exactly;
+* analytic acceptance: chain k = 5 at alpha = 0.7, and the enumerated expectation for
+  branching trees (tests/_exact.py);
+* power: the same harness rejects four deliberately broken rules with p < 1e-6.
+
+Thresholds: family-wise alpha 1e-3, Bonferroni over at most NUM_TESTS p-values in this
+file, so each exactness p-value must exceed ~8e-6.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _exact import expected_accepted
+from _ngram import (
+    bigram_tables,
+    count_joint,
+    exact_joint,
+    make_speculative_chain,
+    make_target_only_chain,
+    marginals,
+)
+from _reference import MUTANTS, reference_accept
+
+import jaxspec
+from jaxspec import sampling
+from jaxspec.acceptance import SCHEMES, speculative_accept
+from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample
+
+ALPHA_FAMILY = 1e-3
+NUM_TESTS = 120
+THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)
+MUTANT_THRESH = 1e-6
+V, L, C0 = 4, 3, 0
+N_SAMPLES = 1 << 20
+TOPOLOGIES = {
+    "chain": jaxspec.chain(4),
+    "wide": jaxspec.branching((4, 1)),
+    "deep": jaxspec.branching((2, 2, 1, 1)),
+}
+T_TAB, D_TAB = bigram_tables(seed=1, v=V)
+
+
+@functools.lru_cache(maxsize=None)
+def _target_only_counts(warp_key):
+    t = _warped_target(warp_key)
+    chain = make_target_only_chain(t, length=L, c0=C0)
+    counts, n = count_joint(chain, jax.random.key(12345), num_samples=N_SAMPLES, v=V, length=L)
+    return counts, n
+
+
+WARPS = {
+    "none": {},
+    "t0.7_topk3": dict(temperature=0.7, top_k=3),
+    "t1.3_topp0.8": dict(temperature=1.3, top_p=0.8),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _warped_target(warp_key):
+    if warp_key == "none":
+        return T_TAB
+    w = sampling.warp_probs(jnp.log(jnp.asarray(T_TAB)), **WARPS[warp_key])
+    return np.asarray(w, np.float32)
+
+
+def _check_all(counts, n, t, warp_key, label):
+    """Joint + marginal GOF and two-sample test; returns the results for reporting."""
+    exact = exact_joint(t, C0, L)
+    results = {"joint": chisquare_gof(counts, exact)}
+    ex_m = marginals(exact, V, L)
+    for i, m in enumerate(marginals(counts, V, L)):
+        results[f"marginal{i}"] = chisquare_gof(m, ex_m[i])
+    base, nb = _target_only_counts(warp_key)
+    results["two_sample"] = chisquare_two_sample(counts, base)
+    for name, r in results.items():
+        print(f"{label} {name}: {r}")
+        assert r.pvalue > THRESH, f"{label} {name}: {r}\n{r.table()}"
+    return results
+
+
+@pytest.mark.parametrize("topology", list(TOPOLOGIES))
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_joint_law_matches_target(scheme, topology):
+    parents = TOPOLOGIES[topology]
+    chain = make_speculative_chain(
+        parents, T_TAB, D_TAB, scheme=scheme, length=L, c0=C0, accept_fn=speculative_accept
+    )
+    seed = 1000 * SCHEMES.index(scheme) + list(TOPOLOGIES).index(topology)
+    counts, n = count_joint(chain, jax.random.key(seed), num_samples=N_SAMPLES, v=V, length=L)
+    assert n == N_SAMPLES
+    _check_all(counts, n, T_TAB, "none", f"{scheme}/{topology}")
+
+
+@pytest.mark.parametrize("warp_key", ["t0.7_topk3", "t1.3_topp0.8"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_warped_target_law(scheme, warp_key):
+    """The emitted law is the *warped* target law; the draft uses its own warp (top-2,
+    which exhausts its support under the 4-wide tree: point-mass siblings)."""
+    t = _warped_target(warp_key)
+    d = np.asarray(sampling.warp_probs(jnp.log(jnp.asarray(D_TAB)), temperature=0.9, top_k=2))
+    parents = TOPOLOGIES["wide"]
+    chain = make_speculative_chain(parents, t, d, scheme=scheme, length=L, c0=C0, accept_fn=speculative_accept)
+    seed = 7000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
+    counts, n = count_joint(chain, jax.random.key(seed), num_samples=N_SAMPLES, v=V, length=L)
+    _check_all(counts, n, t, warp_key, f"{scheme}/{warp_key}")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_temperature_zero_is_greedy(scheme):
+    t = np.asarray(sampling.warp_probs(jnp.log(jnp.asarray(T_TAB)), temperature=0.0))
+    greedy, c = [], C0
+    for _ in range(L):
+        c = int(np.argmax(T_TAB[c]))
+        greedy.append(c)
+    parents = TOPOLOGIES["deep"]
+    chain = make_speculative_chain(parents, t, D_TAB, scheme=scheme, length=L, c0=C0, accept_fn=speculative_accept)
+    ys = jax.jit(jax.vmap(chain))(jax.random.split(jax.random.key(77), 1 << 14))
+    np.testing.assert_array_equal(np.asarray(ys), np.tile(greedy, (1 << 14, 1)))
+
+
+def _one_round_accepted(parents, t, d, scheme, num, seed):
+    """num_accepted of `num` independent single rounds from context C0 (mean, std)."""
+    parents = np.asarray(parents)
+    kids = [[] for _ in range(len(parents) + 1)]
+    for j, p in enumerate(parents.tolist()):
+        kids[p + 1].append(j)
+    T, D = jnp.asarray(t), jnp.asarray(d)
+
+    def one(key):
+        kd, ka = jax.random.split(key)
+        tok = jnp.zeros(len(parents), jnp.int32)
+        for row, ch in enumerate(kids):
+            if ch:
+                ctx = C0 if row == 0 else tok[row - 1]
+                x, _ = sampling.draw(jax.random.fold_in(kd, row), D[ctx], len(ch), scheme)
+                tok = tok.at[np.asarray(ch)].set(x)
+        ctxs = jnp.concatenate([jnp.array([C0], jnp.int32), tok])
+        return speculative_accept(ka, parents, tok, T[ctxs], D[ctxs], scheme=scheme).num_accepted
+
+    f = jax.jit(lambda k: jax.vmap(one)(jax.random.split(k, 1 << 16)))
+    xs = np.concatenate([np.asarray(f(jax.random.fold_in(jax.random.key(seed), i))) for i in range(num >> 16)])
+    return xs.mean(), xs.std(ddof=1) / np.sqrt(xs.size)
+
+
+def test_chain_acceptance_matches_analytic():
+    """k = 5, sum(min(p, q)) = 0.7 at every position: E[accepted] = sum 0.7^i = 1.9412."""
+    p = np.array([0.5, 0.5, 0.0, 0.0], np.float32)
+    q = np.array([0.5, 0.2, 0.3, 0.0], np.float32)
+    assert abs(np.minimum(p, q).sum() - 0.7) < 1e-7
+    t, d = np.tile(p, (V, 1)), np.tile(q, (V, 1))
+    expect = sum(0.7**i for i in range(1, 6))
+    assert abs(expect - 1.9412) < 1e-4
+    for scheme in ("iid", "without_replacement"):
+        mean, se = _one_round_accepted(jaxspec.chain(5), t, d, scheme, 1 << 20, seed=5)
+        print(f"{scheme}: E[accepted] {mean:.4f} ± {se:.4f} (expected {expect:.4f}); E[emitted] {mean + 1:.4f}")
+        assert abs(mean - expect) < 4 * se, (mean, se, expect)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("topology", ["wide", "deep"])
+def test_branching_acceptance_matches_enumeration(scheme, topology):
+    parents = TOPOLOGIES[topology]
+    expect = expected_accepted(parents, T_TAB, D_TAB, C0, scheme)
+    mean, se = _one_round_accepted(parents, T_TAB, D_TAB, scheme, 1 << 19, seed=11)
+    print(f"{scheme}/{topology}: mean accepted {mean:.4f} ± {se:.4f}, enumerated {expect:.4f}")
+    assert abs(mean - expect) < 4 * se, (mean, se, expect)
+
+
+# ---------------------------------------------------------------------------------- power
+
+MUTANT_CASES = {
+    # mutant: (scheme, topology) where the bug matters
+    "no-residual-update": ("iid", "wide"),
+    "unrenormalized-q": ("without_replacement", "wide"),
+    "depth-row": ("iid", "deep"),
+    "reused-uniform": ("iid", "chain"),
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_harness_rejects_broken_rules(mutant):
+    scheme, topology = MUTANT_CASES[mutant]
+    parents = TOPOLOGIES[topology]
+    accept = functools.partial(reference_accept, bug=mutant)
+    chain = make_speculative_chain(parents, T_TAB, D_TAB, scheme=scheme, length=L, c0=C0, accept_fn=accept)
+    counts, n = count_joint(chain, jax.random.key(99), num_samples=N_SAMPLES, v=V, length=L)
+    joint = chisquare_gof(counts, exact_joint(T_TAB, C0, L))
+    two = chisquare_two_sample(counts, _target_only_counts("none")[0])
+    print(f"mutant {mutant} ({scheme}/{topology}): joint {joint}; two-sample {two}")
+    assert joint.pvalue < MUTANT_THRESH, str(joint)
+    assert two.pvalue < MUTANT_THRESH, str(two)
+
+
+def test_reference_walk_passes_the_same_harness():
+    """Control for the mutants: the unbroken reference walk is accepted."""
+    parents = TOPOLOGIES["deep"]
+    chain = make_speculative_chain(parents, T_TAB, D_TAB, scheme="iid", length=L, c0=C0, accept_fn=reference_accept)
+    counts, n = count_joint(chain, jax.random.key(98), num_samples=N_SAMPLES, v=V, length=L)
+    _check_all(counts, n, T_TAB, "none", "reference/iid/deep")
