@@ -54,7 +54,7 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
     uniforms = jax.random.uniform(key_u, (n,))  # one per node
     u_final = jax.random.uniform(key_final, ())
 
-    def row_of(node):  # the row that judges node's children
+    def prob_row(node):  # the probability row that judges node's children
         if bug == "depth-row":
             return depth[node]  # "row d = law at depth d": right for chains only
         return node + 1
@@ -88,7 +88,8 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
         final_tok = inverse_cdf(p, u_emit)
         out_no_child = out.at[n_acc].set(final_tok)
         # accept: move into child
-        nxt = row_of(jnp.maximum(child, 0))
+        nxt = jnp.maximum(child, 0) + 1  # the walk follows the tree structure ...
+        nxt_prob = prob_row(jnp.maximum(child, 0))  # ... the mutant reads the wrong row
         out_acc = out.at[n_acc].set(x)
         # reject: residual update, next sibling
         res = jnp.maximum(p - qk, 0.0)
@@ -98,8 +99,8 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
             p_rej = p
         q_rej = q_rem * (1.0 - onehot)
         new_row = jnp.where(accept, nxt, row)
-        new_p = jnp.where(no_child, p, jnp.where(accept, P[nxt], p_rej))
-        new_q = jnp.where(no_child, q_rem, jnp.where(accept, Q[nxt], q_rej))
+        new_p = jnp.where(no_child, p, jnp.where(accept, P[nxt_prob], p_rej))
+        new_q = jnp.where(no_child, q_rem, jnp.where(accept, Q[nxt_prob], q_rej))
         new_k = jnp.where(accept, 0, k + 1)
         new_n = n_acc + accept.astype(jnp.int32)
         new_out = jnp.where(no_child, out_no_child, jnp.where(accept, out_acc, out))
