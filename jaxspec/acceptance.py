@@ -183,6 +183,7 @@ def _node_accept_probs(st, tokens, P, Q, scheme):
     if scheme == "deterministic":
         return _deterministic_accept(st, tokens, P[parent_row, tokens])
     accept = jnp.zeros((n,), jnp.float32)
+    per_rank = []  # static trees: acceptance per rank, in rows_by_rank order
     num_ranks = st.children.shape[1]
     p_rows = q_rem = None  # residual / remaining-q vectors of the rows in play
     for k in range(num_ranks):
@@ -202,7 +203,10 @@ def _node_accept_probs(st, tokens, P, Q, scheme):
             onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)
             qk = _sibling_law(Q[rows], q_rem, onehot, k, scheme)
             qx = jnp.take_along_axis(qk, x[:, None], axis=1)[:, 0]
-        accept = accept.at[jnp.where(has, child, n)].set(_ratio(px, qx), mode="drop")
+        if st.rows_by_rank is not None:
+            per_rank.append(_ratio(px, qx))  # static node order: gathered below
+        else:
+            accept = accept.at[jnp.where(has, child, n)].set(_ratio(px, qx), mode="drop")
         if k + 1 == num_ranks:
             break
         # residual after rejecting the k-th child, for the rows that have a (k+1)-th one
@@ -219,6 +223,9 @@ def _node_accept_probs(st, tokens, P, Q, scheme):
         p_new = _normalize_or_keep(jnp.maximum(p_prev - qk, 0.0), p_prev)
         p_rows = jnp.where(hs[:, None], p_new, p_prev)
         q_rem = jnp.where(hs[:, None], q_prev * (1.0 - onehot), q_prev)
+    if st.rows_by_rank is not None:
+        order = np.concatenate([st.children[r, k] for k, r in enumerate(st.rows_by_rank)])
+        accept = jnp.concatenate(per_rank)[np.argsort(order)]  # static permutation
     return accept
 
 
@@ -290,11 +297,15 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     emit_row = _row_residual(st, last + 1, tokens, P, Q, scheme)  # [V]
     extra = sample_categorical(key_emit, emit_row).astype(jnp.int32)
 
-    slot = jnp.where(on_path, depth - 1, n)  # depth order, unique per depth
-    accepted_nodes = jnp.full((n,), -1, jnp.int32).at[slot].set(idx, mode="drop")
+    # accepted_nodes[d] = the on-path node of depth d + 1 (unique), -1 past the path;
+    # masked reductions rather than scatters (cheaper under vmap)
+    at_depth = (depth[None, :] == idx[:, None] + 1) & on_path[None, :]  # [D=N, N]
+    accepted_nodes = jnp.where(
+        jnp.any(at_depth, axis=1), jnp.argmax(at_depth, axis=1).astype(jnp.int32), -1
+    )
     path_tokens = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
-    out = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])
-    out = out.at[num_accepted].set(extra)
+    out = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])  # [N + 1]
+    out = jnp.where(jnp.arange(n + 1) == num_accepted, extra, out)
     per_depth = (accepted_nodes >= 0).astype(jnp.int32)
     return AcceptResult(
         tokens=out,
