@@ -1,0 +1,348 @@
+"""Models on disk, in Hugging Face Llama layout: ``config.json`` + safetensors weights.
+
+A folder written by :func:`save_model` is what ``transformers`` writes for a
+``LlamaForCausalLM``::
+
+    out/config.json          HF LlamaConfig keys + "architectures": ["LlamaForCausalLM"]
+    out/model.safetensors    HF tensor names, Linear weights [out, in]
+
+or, with ``max_shard_bytes``, ``model-00001-of-0000K.safetensors`` ... plus
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {...}}``).
+
+Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
+
+    model.embed_tokens.weight                          [V, D]
+    model.layers.{i}.input_layernorm.weight            [D]
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   T
+    model.layers.{i}.self_attn.{q,k,v}_proj.bias       (attention_bias only)
+    model.layers.{i}.post_attention_layernorm.weight   [D]
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight    T
+    model.norm.weight                                  [D]
+    lm_head.weight                                     T, [V, D]   (absent when tied)
+
+:func:`load_model` takes an embedded model name (:func:`embedded_models`, shipped under
+``jaxspec/models/``) or such a folder::
+
+    target = load_model("default-target")            # embedded, no download
+    draft = load_model("default-draft")
+    model = load_model("/path/to/hf_folder", dtype="bfloat16")
+
+Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
+to :class:`~jaxspec.config.ModelConfig` keyword arguments); adding a family is one entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxspec.config import ModelConfig
+from jaxspec.model import Transformer
+
+__all__ = [
+    "ARCHITECTURES",
+    "MODELS_DIR",
+    "embedded_models",
+    "resolve_model_path",
+    "read_config",
+    "config_to_hf",
+    "config_from_hf",
+    "hf_state_dict",
+    "save_model",
+    "load_model",
+]
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = ("float32", "bfloat16")
+# Tensors some HF checkpoints carry that this model recomputes: skipped on load.
+_IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+def _llama_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(cfg)
+
+
+# architecture name -> function(HF config dict) -> ModelConfig keyword arguments (HF names).
+ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "LlamaForCausalLM": _llama_kwargs,
+}
+
+
+# ----------------------------------------------------------------------------- names
+def embedded_models() -> list[str]:
+    """Names of the models shipped inside the package (sorted)."""
+    return ["default-draft", "default-target"]
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """Embedded name -> its folder under ``jaxspec/models/``; otherwise the path itself.
+
+    Raises ``ValueError`` for a bare name that is neither embedded nor an existing path, and
+    ``FileNotFoundError`` for a path (anything with a separator) that does not exist.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ValueError(
+            f"load_model: name_or_path = {name_or_path!r}; expected an embedded model name "
+            f"({', '.join(embedded_models())}) or a folder path"
+        )
+    s = os.fspath(name_or_path)
+    if s in embedded_models():
+        return MODELS_DIR / s
+    p = Path(s).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise FileNotFoundError(
+                f"load_model: {s!r} is a file; expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
+        return p
+    if os.sep in s or (os.altsep and os.altsep in s) or s.startswith("."):
+        raise FileNotFoundError(f"load_model: model folder {s!r} does not exist")
+    raise ValueError(
+        f"load_model: unknown model {s!r}; expected one of the embedded models "
+        f"{embedded_models()} or a path to a local folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+    )
+
+
+def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """The raw ``config.json`` dict of an embedded model or a folder."""
+    folder = resolve_model_path(name_or_path)
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"load_model: missing {path}")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"load_model: {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"load_model: {path} holds a {type(cfg).__name__}; expected a JSON object")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- configs
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """HF ``LlamaConfig`` dict for ``config`` (``torch_dtype`` from ``config.dtype``)."""
+    d = config.to_dict()
+    dtype = d.pop("dtype")
+    d.update(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_act="silu",
+        mlp_bias=False,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+        pretraining_tp=1,
+        rope_scaling=None,
+        use_cache=True,
+        torch_dtype=dtype,
+    )
+    return d
+
+
+def config_from_hf(cfg: Mapping[str, Any], *, dtype: str | None = None, source: str = CONFIG_FILE) -> ModelConfig:
+    """:class:`ModelConfig` from an HF config dict; ``dtype`` None -> ``"float32"``."""
+    archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise ValueError(
+            f"load_model: {source}: architectures = {archs!r} is not supported; "
+            f"expected one of {sorted(ARCHITECTURES)}"
+        )
+    dtype = "float32" if dtype is None else dtype
+    if not isinstance(dtype, str):
+        dtype = jnp.dtype(dtype).name
+    if dtype not in _DTYPES:
+        raise ValueError(f"load_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    kwargs = ARCHITECTURES[archs[0]](cfg)
+    kwargs["dtype"] = dtype
+    try:
+        return ModelConfig.from_dict(kwargs)
+    except ValueError as e:
+        raise ValueError(f"load_model: {source}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- tensors
+def _hf_name(path: tuple) -> tuple[str, bool]:
+    """nnx state path -> (HF tensor name, whether the array is transposed)."""
+    *mods, leaf = (str(p) for p in path)
+    if mods == ["lm_head"]:
+        return "lm_head.weight", True
+    if leaf == "kernel":
+        return "model." + ".".join(mods) + ".weight", True
+    if leaf == "embedding":
+        return "model." + ".".join(mods) + ".weight", False
+    return "model." + ".".join(mods) + "." + leaf, False
+
+
+def hf_state_dict(model: Transformer, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """HF-named numpy tensors of ``model`` (Linear weights transposed to ``[out, in]``)."""
+    _, state = nnx.split(model)
+    np_dtype = None if dtype is None else jnp.dtype(dtype)
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        name, transpose = _hf_name(path)
+        arr = np.asarray(var[...])
+        if transpose:
+            arr = arr.T
+        if np_dtype is not None:
+            arr = arr.astype(np_dtype)
+        out[name] = np.ascontiguousarray(arr)
+    return out
+
+
+def save_model(
+    model: Transformer,
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` to folder ``path`` in HF Llama layout; returns the folder.
+
+    ``dtype`` (``"float32"`` / ``"bfloat16"``; None -> the model's) sets the stored dtype and
+    ``torch_dtype``. ``max_shard_bytes`` splits the weights into ``model-XXXXX-of-YYYYY``
+    shards with an index. ``extra_config`` keys are added to ``config.json`` (e.g. token ids).
+    """
+    if not isinstance(model, Transformer):
+        raise ValueError(f"save_model: model is a {type(model).__name__}; expected a jaxspec Transformer")
+    dtype = model.config.dtype if dtype is None else (dtype if isinstance(dtype, str) else jnp.dtype(dtype).name)
+    if dtype not in _DTYPES:
+        raise ValueError(f"save_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1):
+        raise ValueError(f"save_model: max_shard_bytes = {max_shard_bytes!r}; expected a positive integer or None")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(model, dtype)
+    cfg = config_to_hf(model.config)
+    cfg["torch_dtype"] = dtype
+    cfg.update(extra_config or {})
+    (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for stale in list(folder.glob("model-*-of-*.safetensors")) + [folder / INDEX_FILE, folder / WEIGHTS_FILE]:
+        stale.unlink(missing_ok=True)
+    meta = {"format": "pt"}  # what transformers expects in the safetensors header
+    if max_shard_bytes is None:
+        _save_tensors(tensors, folder / WEIGHTS_FILE, meta)
+        return folder
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        _save_tensors(shard, folder / fname, meta)
+        weight_map.update({name: fname for name in shard})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def _save_tensors(tensors: dict[str, np.ndarray], path: Path, meta: dict[str, str]) -> None:
+    save_file(tensors, path, metadata=meta)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # safetensors creates files 0600; make them like any other file
+
+
+def _weight_files(folder: Path) -> dict[str, str]:
+    """HF tensor name -> file name, from the index or the single weights file."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"load_model: {index} is not a valid safetensors index ({e!r})") from None
+        for fname in sorted(set(weight_map.values())):
+            if not (folder / fname).is_file():
+                raise FileNotFoundError(f"load_model: missing shard {folder / fname} (listed in {index})")
+        return dict(weight_map)
+    single = folder / WEIGHTS_FILE
+    if not single.is_file():
+        raise FileNotFoundError(f"load_model: missing {single} (and no {INDEX_FILE})")
+    with safe_open(single, framework="numpy") as f:
+        return {name: WEIGHTS_FILE for name in f.keys()}
+
+
+def load_model(name_or_path: str | os.PathLike, *, dtype: str | None = None) -> Transformer:
+    """A :class:`Transformer` from an embedded name or an HF-layout folder.
+
+    ``dtype``: ``"float32"`` (default when None) or ``"bfloat16"``; stored tensors of any
+    float dtype are converted. Errors name the file or tensor at fault.
+    """
+    folder = resolve_model_path(name_or_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"load_model: model folder {folder} does not exist")
+    config = config_from_hf(read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE))
+    files = _weight_files(folder)
+
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    expected = {}  # HF name -> (state path, transpose, expected HF shape)
+    for path, var in nnx.to_flat_state(state):
+        name, transpose = _hf_name(path)
+        shape = tuple(var.get_value().shape)
+        expected[name] = (path, transpose, shape[::-1] if transpose else shape)
+
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise ValueError(
+            f"load_model: {folder}: missing tensor {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    unexpected = [
+        n for n in files
+        if n not in expected and not _IGNORED_TENSORS.match(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    ]
+    if unexpected:
+        raise ValueError(
+            f"load_model: {folder / files[unexpected[0]]}: unexpected tensor {unexpected[0]!r} for the "
+            f"configuration in {CONFIG_FILE} (attention_bias = {config.attention_bias}, "
+            f"tie_word_embeddings = {config.tie_word_embeddings})"
+        )
+
+    pd = config.param_dtype
+    values: dict[tuple, jax.Array] = {}
+    by_file: dict[str, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    for fname, names in by_file.items():
+        with safe_open(folder / fname, framework="numpy") as f:
+            for name in names:
+                path, transpose, shape = expected[name]
+                got = tuple(f.get_slice(name).get_shape())
+                if got != shape:
+                    raise ValueError(
+                        f"load_model: {folder / fname}: tensor {name!r} has shape {got}; "
+                        f"expected {shape} from {CONFIG_FILE}"
+                    )
+                arr = f.get_tensor(name)
+                if not np.issubdtype(arr.dtype, np.floating) and arr.dtype != jnp.bfloat16:
+                    raise ValueError(f"load_model: {folder / fname}: tensor {name!r} has dtype {arr.dtype}; expected a float")
+                values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
+
+    pure = nnx.to_pure_dict(state)
+    for path, value in values.items():
+        node = pure
+        for p in path[:-1]:
+            node = node[p]
+        node[path[-1]] = value
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)

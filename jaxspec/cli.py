@@ -1,0 +1,267 @@
+"""The ``jaxspec`` command line.
+
+Each subcommand is one function registered with :func:`command`: it receives its
+``argparse`` subparser, adds its arguments and returns the handler that runs it::
+
+    @command("generate", help="generate text with tree speculative decoding")
+    def _generate(p: argparse.ArgumentParser) -> Handler:
+        p.add_argument("--prompt", required=True)
+
+        def run(args: argparse.Namespace) -> int:
+            ...
+            return 0
+
+        return run
+
+Handlers report bad input by raising :class:`CLIError` (or ``ValueError`` /
+``FileNotFoundError`` from the library): :func:`main` prints ``jaxspec <cmd>: error: <msg>``
+to stderr and returns exit status 2 (1 for other runtime failures), never a traceback.
+
+    jaxspec train --out runs/target --steps 1200
+    jaxspec distill --target runs/target/final --out runs/draft --steps 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["main", "command", "CLIError", "build_parser"]
+
+Handler = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Handler]]] = {}
+
+
+class CLIError(Exception):
+    """Bad user input: reported as one line on stderr, exit status 2."""
+
+
+def command(name: str, *, help: str):  # noqa: A002 (argparse's word)
+    """Register ``setup(parser) -> handler`` as subcommand ``name``."""
+
+    def register(setup: Callable[[argparse.ArgumentParser], Handler]):
+        if name in _COMMANDS:
+            raise ValueError(f"command {name!r} is already registered")
+        _COMMANDS[name] = (help, setup)
+        return setup
+
+    return register
+
+
+# ----------------------------------------------------------------------------- argument types
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
+    return v
+
+
+# ----------------------------------------------------------------------------- train / distill
+_MODEL_FLAGS = {  # flag -> ModelConfig field
+    "hidden_size": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+    "context": "max_position_embeddings",
+}
+
+
+def _add_model_args(p: argparse.ArgumentParser, default_preset: str) -> None:
+    from jaxspec.train import PRESETS
+
+    g = p.add_argument_group("model size (a preset, optionally overridden field by field)")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=default_preset, help=f"default: {default_preset}")
+    g.add_argument("--hidden-size", type=_positive_int)
+    g.add_argument("--layers", type=_positive_int, help="num_hidden_layers")
+    g.add_argument("--heads", type=_positive_int, help="num_attention_heads")
+    g.add_argument("--kv-heads", type=_positive_int, help="num_key_value_heads")
+    g.add_argument("--intermediate-size", type=_positive_int)
+    g.add_argument("--context", type=_positive_int, help="max_position_embeddings")
+    g.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None)
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    from jaxspec.train import TrainConfig
+
+    d = TrainConfig()
+    g = p.add_argument_group("optimization")
+    g.add_argument("--steps", type=_positive_int, default=d.steps, help=f"default: {d.steps}")
+    g.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help=f"default: {d.batch_size}")
+    g.add_argument("--seq-len", type=_positive_int, default=d.seq_len, help=f"default: {d.seq_len}")
+    g.add_argument("--lr", type=_positive_float, default=d.lr, help=f"peak learning rate (default: {d.lr})")
+    g.add_argument("--warmup-steps", type=_nonneg_int, default=d.warmup_steps, help=f"default: {d.warmup_steps}")
+    g.add_argument("--min-lr-ratio", type=_nonneg_float, default=d.min_lr_ratio, help=f"default: {d.min_lr_ratio}")
+    g.add_argument("--weight-decay", type=_nonneg_float, default=d.weight_decay, help=f"default: {d.weight_decay}")
+    g.add_argument("--clip-norm", type=_positive_float, default=d.clip_norm, help=f"default: {d.clip_norm}")
+    g.add_argument("--eval-every", type=_positive_int, default=d.eval_every, help=f"default: {d.eval_every}")
+    g.add_argument("--eval-windows", type=_positive_int, default=d.eval_windows, help=f"default: {d.eval_windows}")
+    g.add_argument("--checkpoint-every", type=_positive_int, default=d.checkpoint_every,
+                   help=f"default: {d.checkpoint_every}")
+    g.add_argument("--seed", type=_nonneg_int, default=d.seed, help=f"default: {d.seed}")
+    g = p.add_argument_group("files")
+    g.add_argument("--out", required=True, help="run folder (checkpoint/, final/, summary.json)")
+    g.add_argument("--export", help="folder for the final model (default: OUT/final)")
+    g.add_argument("--resume", action="store_true", help="continue the run from OUT/checkpoint")
+    g.add_argument("--stop-at", type=_positive_int, metavar="STEP",
+                   help="stop after STEP steps with a checkpoint (finish later with --resume)")
+    g.add_argument("--max-files", type=_positive_int, help="use only the first N files of each corpus split")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _model_config(args):
+    from jaxspec.train import PRESETS
+
+    overrides = {field: getattr(args, flag) for flag, field in _MODEL_FLAGS.items() if getattr(args, flag) is not None}
+    if args.tie_embeddings is not None:
+        overrides["tie_word_embeddings"] = args.tie_embeddings
+    return dataclasses.replace(PRESETS[args.preset], **overrides)
+
+
+def _train_config(args):
+    from jaxspec.train import TrainConfig
+
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    return TrainConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+
+def _corpus(args):
+    from jaxspec.corpus import load_corpus
+
+    return load_corpus(max_files=args.max_files)
+
+
+@command("train", help="train a target model from scratch on the stdlib corpus")
+def _train(p: argparse.ArgumentParser) -> Handler:
+    _add_model_args(p, "target")
+    _add_train_args(p)
+
+    def run(args) -> int:
+        from jaxspec.train import train
+
+        mc, tc = _model_config(args), _train_config(args)
+        print(f"train: {mc.num_params():,} parameters; {tc.steps} steps of {tc.batch_size}x{tc.seq_len} tokens",
+              file=sys.stderr)
+        r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
+                  export_dir=args.export, stop_at=args.stop_at)
+        if r.final_dir is None:
+            return _stopped(r)
+        last = r.history[-1]
+        print(json.dumps({"val_loss": last["val_loss"], "train_time_s": round(r.total_train_time_s, 1),
+                          "params": mc.num_params(), "model": str(r.final_dir)}))
+        return 0
+
+    return run
+
+
+@command("distill", help="distill a draft from a target (KL to the target's next-token law)")
+def _distill(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("--target", default="default-target", help="target model name or folder (default: default-target)")
+    p.add_argument("--init", help="start the draft from this model (name or folder) instead of a random init")
+    p.add_argument("--max-compute-ratio", type=_positive_float, default=1 / 8,
+                   help="refuse drafts costing more than this fraction of the target's FLOPs per token (default: 1/8)")
+    _add_model_args(p, "draft")
+    _add_train_args(p)
+
+    def run(args) -> int:
+        from jaxspec.checkpoint import load_model
+        from jaxspec.train import distill
+
+        mc, tc = _model_config(args), _train_config(args)
+        target = load_model(args.target)
+        init = load_model(args.init) if args.init else None
+        r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
+                    progress=not args.no_progress, export_dir=args.export, init_draft=init,
+                    max_compute_ratio=args.max_compute_ratio, stop_at=args.stop_at)
+        if r.final_dir is None:
+            return _stopped(r)
+        print(json.dumps({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
+                          "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
+                          "params": mc.num_params(), "model": str(r.final_dir)}))
+        return 0
+
+    return run
+
+
+def _stopped(r) -> int:
+    print(json.dumps({"stopped_at_step": r.step, "train_time_s": round(r.total_train_time_s, 1),
+                      "resume": "rerun the same command with --resume"}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxspec", description="Lossless tree speculative decoding in JAX/XLA."
+    )
+    try:
+        from jaxspec import __version__
+    except ImportError:  # pragma: no cover
+        __version__ = "?"
+    parser.add_argument("--version", action="version", version=f"jaxspec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (help_, setup) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.set_defaults(_handler=setup(p), _parser=p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 on success)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help / --version (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return int(args._handler(args) or 0)
+    except (CLIError, ValueError, FileNotFoundError) as e:
+        print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"jaxspec {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, FloatingPointError, RuntimeError) as e:
+        print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

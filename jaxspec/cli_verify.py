@@ -1,0 +1,144 @@
+"""``jaxspec verify``: run the exactness harness (:func:`jaxspec.exactness.verify`) from
+the command line.
+
+::
+
+    jaxspec verify                                    # tiny random pair, 10^6 samples
+    jaxspec verify --tree branch:3,2 --scheme without_replacement --temperature 0.7 --top-k 3
+    jaxspec verify --mutant depth-row                 # watch the harness reject a bug
+    jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
+    jaxspec verify --samples 1e5 --json --plots plots/
+
+Exit status: 0 when every test passes, 1 when any is rejected, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jaxspec.cli import CLIError, Handler, _nonneg_float, _nonneg_int, _positive_int, command
+
+__all__ = []
+
+
+def _count(s: str) -> int:
+    """A positive integer, also written like ``1e6`` or ``10**6``."""
+    try:
+        if "**" in s:
+            a, b = s.split("**")
+            v = int(a) ** int(b)
+        else:
+            f = float(s)
+            if f != int(f):
+                raise ValueError
+            v = int(f)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 1000000 or 1e6), got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _probability(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {s!r}") from None
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {s!r}")
+    return v
+
+
+def _top_p(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}")
+    return v
+
+
+def _parse_prompt(text: str | None, vocab_size: int):
+    """Comma-separated token ids, or text for byte-tokenizer models."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if parts and all(p.lstrip("-").isdigit() for p in parts):
+        return [int(p) for p in parts]
+    from jaxspec.tokenizer import VOCAB_SIZE, ByteTokenizer
+
+    if vocab_size != VOCAB_SIZE:
+        raise CLIError(f"--prompt {text!r}: expected comma-separated token ids (text needs the byte tokenizer's "
+                       f"vocabulary of {VOCAB_SIZE}; the target has {vocab_size})")
+    ids = ByteTokenizer().encode(text)
+    if not ids:
+        raise CLIError("--prompt: expected at least one token")
+    return ids
+
+
+@command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)")
+def _verify(p: argparse.ArgumentParser) -> Handler:
+    from jaxspec.exactness import DEFAULT_SCHEME, DEFAULT_TREE
+    from jaxspec.mutants import MUTANTS
+    from jaxspec.sampling import SCHEMES
+
+    g = p.add_argument_group("decoder")
+    g.add_argument("--tree", default=DEFAULT_TREE,
+                   help=f"tree spec: chain:K, branch:3,2,1, parents:-1,0,0, dynamic:depth=D,topk=K,nodes=N "
+                        f"(default: {DEFAULT_TREE})")
+    g.add_argument("--scheme", choices=SCHEMES, default=DEFAULT_SCHEME, help=f"default: {DEFAULT_SCHEME}")
+    g.add_argument("--temperature", type=_nonneg_float, default=1.0, help="target temperature (default: 1)")
+    g.add_argument("--top-k", type=_positive_int, help="target top-k (needed for large vocabularies)")
+    g.add_argument("--top-p", type=_top_p, help="target top-p")
+    g.add_argument("--draft-temperature", type=_nonneg_float, help="default: as generate")
+    g.add_argument("--draft-top-k", type=_positive_int)
+    g.add_argument("--draft-top-p", type=_top_p)
+    g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
+    g = p.add_argument_group("models and prompt")
+    g.add_argument("--target", help="target model name or folder (default: the tiny random pair)")
+    g.add_argument("--draft", help="draft model name or folder (with --target)")
+    g.add_argument("--prompt", help="comma-separated token ids, or text for byte-tokenizer models "
+                                    "(default: 1,2,3)")
+    g = p.add_argument_group("statistics")
+    g.add_argument("--samples", type=_count, default=10**6, help="samples per run (default: 1e6)")
+    g.add_argument("--horizon", type=_positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
+    g.add_argument("--alpha", type=_probability, default=1e-3, help="family-wise error rate (default: 1e-3)")
+    g.add_argument("--seed", type=_nonneg_int, default=0, help="sampling seed (default: 0)")
+    g.add_argument("--chunk-size", type=_positive_int, help="rows per device per step (default: 16384 on CPU, "
+                                                            "65536 on accelerators)")
+    g.add_argument("--no-acceptance", action="store_true", help="skip the acceptance-per-depth run")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the report as JSON (instead of the summary)")
+    g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def run(args: argparse.Namespace) -> int:
+        from jaxspec.exactness import verify
+
+        if (args.target is None) != (args.draft is None):
+            raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
+        if args.target is not None:
+            from jaxspec.checkpoint import load_model
+
+            target, draft = load_model(args.target), load_model(args.draft)
+        else:
+            from jaxspec.exactness import default_pair
+
+            target, draft = default_pair(0)
+        vocab = target.config.vocab_size
+        report = verify(
+            target, draft, tree=args.tree, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, draft_temperature=args.draft_temperature, draft_top_k=args.draft_top_k,
+            draft_top_p=args.draft_top_p, prompt=_parse_prompt(args.prompt, vocab), horizon=args.horizon,
+            num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
+            alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
+        )
+        print(report.to_json() if args.json else report.summary())
+        if args.plots:
+            for path in report.save_plots(args.plots):
+                print(f"wrote {path}", file=sys.stderr)
+        return 0 if report.passed else 1
+
+    return run

@@ -1,0 +1,643 @@
+"""Speculative generation (one jit-compiled ``lax.while_loop`` over rounds) and the
+target-only baseline on the same model code.
+
+::
+
+    out = jaxspec.generate(key, target, draft, [[3, 1, 4], [1, 5]], max_new_tokens=32,
+                           tree=(3, 2, 1), scheme="without_replacement", temperature=0.8)
+    out.tokens    # int32[B, 32], -1 after each row's end
+    out.lengths   # int32[B]
+    out.tau       # float32[B] tokens per target call
+
+A round for row b (``L`` committed tokens in both caches; the root = last emitted token,
+not yet cached; see :mod:`jaxspec.draft` for the slot layout)::
+
+    draft:   propose N nodes (D draft forwards, static tree)  slots L-1 .. L+N
+    target:  ONE forward over [root] + nodes, tree mask over  [-1] + (parents + 1),
+             positions L + depth; row 0 = law after the root, row i+1 = law after node i
+    accept:  speculative acceptance (vmapped over rows) -> accepted path + 1 extra token
+    commit:  both caches keep offsets [0] + (accepted_nodes + 1), num = accepted + 1
+    emit:    the accepted tokens and the extra token; the extra token is the new root
+
+Rows end independently: at the first stop token (kept) or when ``max_new_tokens`` are
+emitted; tokens of a round past either end are dropped; a finished row emits nothing
+more (its compute continues, masked: shapes are static). Randomness: row b uses
+``fold_in(key, b)``, round r ``fold_in(row_key, r)``, split into a draft key (one
+``fold_in`` per tree row) and an acceptance key: a batch of B identical prompts is B
+independent samples.
+
+Compilation: one ``jax.jit`` per static configuration (:class:`SpecConfig` /
+:class:`ARConfig`: model graphdefs, tree, scheme, top-k/top-p, budget, cache capacity),
+kept in a module-level cache. Models travel as ``nnx.split`` state arguments; keys,
+prompts, temperatures and stop tokens are traced arguments: new keys, prompts of the same
+shape, other temperatures, other stop tokens (same count) or new weights of the same
+architecture do not retrace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec import sampling
+from jaxspec.acceptance import _accept_core
+from jaxspec.cache import KVCache, commit
+from jaxspec.draft import Warp, propose_dynamic, propose_static
+from jaxspec.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.model import Transformer, prefill
+from jaxspec.treespec import DynamicTree, StaticTree, resolve_tree
+
+__all__ = [
+    "GenerateResult",
+    "SpecConfig",
+    "ARConfig",
+    "generate",
+    "generate_autoregressive",
+    "run_compiled",
+]
+
+SCHEMES = sampling.SCHEMES
+
+
+class GenerateResult(NamedTuple):
+    """Output of :func:`generate` / :func:`generate_autoregressive` (a pytree).
+
+    tokens:             int32[B, max_new_tokens] generated tokens, -1 after ``lengths[b]``.
+    lengths:            int32[B] tokens generated per row (a stop token is included).
+    rounds:             int32[B] rounds in which the row was still active.
+    target_calls:       int32[B] target forward passes spent on the row after the prompt
+                        prefill (one verification per round; ``lengths`` when autoregressive).
+    draft_calls:        int32[B] draft forward passes after the prefill (per round: D for
+                        a static tree of depth D, depth + 1 for a DynamicTree; 0 when
+                        autoregressive).
+    tau:                float32[B] ``lengths / target_calls``: tokens per target call.
+    accepted_per_depth: int32[B, D] accepted draft nodes at depth ``d + 1`` over the row's
+                        rounds (all of a round's accepted nodes, even those cut by a stop
+                        token or the budget; so ``lengths <= sum(accepted) + target_calls``,
+                        with equality unless a round was cut).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    rounds: jax.Array
+    target_calls: jax.Array
+    draft_calls: jax.Array
+    tau: jax.Array
+    accepted_per_depth: jax.Array
+
+    def summary(self) -> dict:
+        """Batch totals as plain Python numbers (blocks on the device)."""
+        lengths = np.asarray(self.lengths)
+        tcalls = np.asarray(self.target_calls)
+        acc = np.asarray(self.accepted_per_depth)
+        rounds = np.asarray(self.rounds)
+        return {
+            "tokens": int(lengths.sum()),
+            "target_calls": int(tcalls.sum()),
+            "draft_calls": int(np.asarray(self.draft_calls).sum()),
+            "rounds": int(rounds.max(initial=0)),
+            "tau": float(lengths.sum() / max(tcalls.sum(), 1)),
+            "accept_rate_per_depth": (acc.sum(axis=0) / max(rounds.sum(), 1)).tolist(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hooks:
+    """Test-only injection points; ``None`` = the library's behaviour.
+
+    verify_mask:  ``bool[..., N+1, N+1] -> bool[..., N+1, N+1]``, the ``[root] + nodes``
+                  tree mask used by target verification.
+    accept_rows:  ``(target_probs [N+1, V], draft_probs [N+1, V], parents [N]) ->
+                  (target_probs, draft_probs)`` handed to the acceptance rule (one row).
+    """
+
+    verify_mask: Callable | None = None
+    accept_rows: Callable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Static configuration of one compiled speculative generation (hashable)."""
+
+    target_def: nnx.GraphDef
+    draft_def: nnx.GraphDef
+    tree: StaticTree | DynamicTree
+    scheme: str
+    target_warp: Warp
+    draft_warp: Warp
+    max_new_tokens: int
+    capacity: int
+    hooks: _Hooks = _Hooks()
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes
+
+    @property
+    def stat_depth(self) -> int:
+        """Columns of ``accepted_per_depth``."""
+        if isinstance(self.tree, StaticTree):
+            return self.tree.depth
+        return min(self.tree.depth, self.tree.num_nodes)
+
+    @property
+    def draft_calls_per_round(self) -> int:
+        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1."""
+        return self.tree.depth + (1 if isinstance(self.tree, DynamicTree) else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ARConfig:
+    """Static configuration of one compiled target-only generation (hashable)."""
+
+    target_def: nnx.GraphDef
+    warp: Warp
+    max_new_tokens: int
+    capacity: int
+
+
+# --------------------------------------------------------------------------- loop helpers
+
+
+class _Emit(NamedTuple):
+    out: jax.Array  # int32[B, M]
+    n_out: jax.Array  # int32[B]
+    active: jax.Array  # bool[B]
+
+
+def _emit(cfg_m: int, stop_tokens, state: _Emit, toks, num) -> _Emit:
+    """Append ``toks[b, :num[b]]`` (int32[B, K]) to active rows, honouring the stop tokens
+    (int32[n], possibly empty) and the budget."""
+    b, k = toks.shape
+    idx = jnp.arange(k, dtype=jnp.int32)[None, :]  # [1, K]
+    valid = state.active[:, None] & (idx < num[:, None]) & (state.n_out[:, None] + idx < cfg_m)
+    is_stop = jnp.isin(toks, stop_tokens) & valid
+    stop_before = (jnp.cumsum(is_stop, axis=1) - is_stop) > 0
+    valid = valid & ~stop_before
+    hit_stop = jnp.any(is_stop & valid, axis=1)
+    count = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    dst = jnp.where(valid, state.n_out[:, None] + idx, cfg_m)  # cfg_m: dropped
+    out = state.out.at[jnp.arange(b)[:, None], dst].set(toks, mode="drop")
+    n_out = state.n_out + count
+    active = state.active & ~hit_stop & (n_out < cfg_m)
+    return _Emit(out, n_out, active)
+
+
+def _row_keys(key, b: int):
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
+
+
+def _fold_all(keys, r):
+    return jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+
+
+def _start(model, tokens, lens, capacity):
+    """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root."""
+    committed = lens - 1
+    _, cache = prefill(model, tokens, committed, capacity)
+    root = jnp.take_along_axis(tokens, committed[:, None], axis=1)[:, 0]
+    return cache, root
+
+
+# --------------------------------------------------------------------------- speculative
+
+
+class _SpecState(NamedTuple):
+    r: jax.Array
+    prev: jax.Array  # int32[B] last committed token (slot L - 1)
+    root: jax.Array  # int32[B]
+    tcache: KVCache
+    dcache: KVCache
+    emit: _Emit
+    rounds: jax.Array  # int32[B]
+    accepted: jax.Array  # int32[B, D]
+
+
+def _spec_impl(
+    cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
+) -> GenerateResult:
+    target = nnx.merge(cfg.target_def, target_state)
+    draft = nnx.merge(cfg.draft_def, draft_state)
+    b = tokens.shape[0]
+    m, n = cfg.max_new_tokens, cfg.num_nodes
+    stat_d = cfg.stat_depth
+    tcache, root = _start(target, tokens, lens, cfg.capacity)
+    prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
+    dcache, _ = _start(draft, tokens, lens, cfg.capacity)
+    row_keys = _row_keys(key, b)
+    dynamic = isinstance(cfg.tree, DynamicTree)
+    hooks = cfg.hooks
+
+    def accept_one(k, parents, node_tokens, tp, dp):
+        if hooks.accept_rows is not None:
+            tp, dp = hooks.accept_rows(tp, dp, parents)
+        return _accept_core(k, parents, node_tokens, tp, dp, cfg.scheme)
+
+    def body(st: _SpecState) -> _SpecState:
+        keys = jax.vmap(jax.random.split)(_fold_all(row_keys, st.r))  # [B, 2]
+        k_draft, k_acc = keys[:, 0], keys[:, 1]
+        lengths = st.tcache.lengths  # [B] (== st.dcache.lengths)
+
+        # -- draft proposal
+        if dynamic:
+            node_tokens, parents, full_mask, dcache = propose_dynamic(  # full_mask [B, N + 1, N + 1]
+                draft, st.dcache, st.root, cfg.tree, cfg.draft_warp, draft_temperature
+            )
+            depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
+            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)  # unused
+        else:
+            node_tokens, draft_probs, dcache = propose_static(
+                draft, st.dcache, st.prev, st.root, k_draft, cfg.tree, cfg.scheme, cfg.draft_warp, draft_temperature
+            )
+            parents = cfg.tree.parents_array  # numpy: a compile-time constant
+            full_mask = cfg.tree.full_mask
+            depth_full = jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]
+
+        # -- one target forward over [root] + nodes
+        verify_mask = full_mask if hooks.verify_mask is None else hooks.verify_mask(full_mask)
+        mask = tree_cache_mask(lengths, verify_mask, cfg.capacity)  # [B, N + 1, S]
+        seq = jnp.concatenate([st.root[:, None], node_tokens], axis=1)  # [B, N + 1]
+        logits, tcache = target(seq, lengths[:, None] + depth_full, st.tcache, mask)
+        target_probs = cfg.target_warp(logits, temperature)  # [B, N + 1, V]
+
+        # -- acceptance, vmapped over rows
+        par_axis = 0 if dynamic else None
+        res = jax.vmap(accept_one, in_axes=(0, par_axis, 0, 0, 0))(
+            k_acc, parents, node_tokens, target_probs, draft_probs
+        )
+
+        # -- commit the root and the accepted path in both caches
+        was_active = st.emit.active
+        offsets = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), res.accepted_nodes + 1], axis=1)
+        num = jnp.where(was_active, res.num_tokens, 0)
+        tcache = commit(tcache, offsets, num)
+        dcache = commit(dcache, offsets, num)
+
+        emit = _emit(m, stop_tokens, st.emit, res.tokens, res.num_tokens)
+        extra = jnp.take_along_axis(res.tokens, (res.num_tokens - 1)[:, None], axis=1)[:, 0]
+        last_acc = jnp.take_along_axis(res.tokens, jnp.maximum(res.num_accepted - 1, 0)[:, None], axis=1)[:, 0]
+        prev = jnp.where(res.num_accepted > 0, last_acc, st.root)
+        per_depth = res.accepted_per_depth[:, :stat_d]
+        return _SpecState(
+            r=st.r + 1,
+            prev=jnp.where(was_active, prev, st.prev),
+            root=jnp.where(was_active, extra, st.root),
+            tcache=tcache,
+            dcache=dcache,
+            emit=emit,
+            rounds=st.rounds + was_active.astype(jnp.int32),
+            accepted=st.accepted + jnp.where(was_active[:, None], per_depth, 0),
+        )
+
+    def cond(st: _SpecState):
+        return jnp.any(st.emit.active) & (st.r < m)
+
+    init = _SpecState(
+        r=jnp.int32(0),
+        prev=prev,
+        root=root,
+        tcache=tcache,
+        dcache=dcache,
+        emit=_Emit(jnp.full((b, m), -1, jnp.int32), jnp.zeros((b,), jnp.int32), jnp.ones((b,), jnp.bool_)),
+        rounds=jnp.zeros((b,), jnp.int32),
+        accepted=jnp.zeros((b, stat_d), jnp.int32),
+    )
+    st = jax.lax.while_loop(cond, body, init)
+    lengths = st.emit.n_out
+    return GenerateResult(
+        tokens=st.emit.out,
+        lengths=lengths,
+        rounds=st.rounds,
+        target_calls=st.rounds,
+        draft_calls=st.rounds * cfg.draft_calls_per_round,
+        tau=lengths.astype(jnp.float32) / jnp.maximum(st.rounds, 1).astype(jnp.float32),
+        accepted_per_depth=st.accepted,
+    )
+
+
+# --------------------------------------------------------------------------- autoregressive
+
+
+class _ARState(NamedTuple):
+    r: jax.Array
+    root: jax.Array
+    cache: KVCache
+    emit: _Emit
+
+
+def _ar_impl(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
+    model = nnx.merge(cfg.target_def, target_state)
+    b = tokens.shape[0]
+    m = cfg.max_new_tokens
+    cache, root = _start(model, tokens, lens, cfg.capacity)
+    row_keys = _row_keys(key, b)
+
+    def body(st: _ARState) -> _ARState:
+        lengths = st.cache.lengths
+        mask = causal_cache_mask(lengths, 1, cfg.capacity)  # [B, 1, S]
+        logits, cache = model(st.root[:, None], lengths[:, None], st.cache, mask)
+        probs = cfg.warp(logits[:, 0], temperature)  # [B, V]
+        tok = jax.vmap(sampling.sample_categorical)(_fold_all(row_keys, st.r), probs)  # [B]
+        was_active = st.emit.active
+        cache = cache.replace(lengths=lengths + was_active.astype(jnp.int32))
+        emit = _emit(m, stop_tokens, st.emit, tok[:, None], jnp.ones((b,), jnp.int32))
+        return _ARState(st.r + 1, jnp.where(was_active, tok, st.root), cache, emit)
+
+    def cond(st: _ARState):
+        return jnp.any(st.emit.active) & (st.r < m)
+
+    init = _ARState(
+        jnp.int32(0),
+        root,
+        cache,
+        _Emit(jnp.full((b, m), -1, jnp.int32), jnp.zeros((b,), jnp.int32), jnp.ones((b,), jnp.bool_)),
+    )
+    st = jax.lax.while_loop(cond, body, init)
+    lengths = st.emit.n_out
+    depth0 = jnp.zeros((b, 0), jnp.int32)
+    return GenerateResult(
+        tokens=st.emit.out,
+        lengths=lengths,
+        rounds=lengths,
+        target_calls=lengths,
+        draft_calls=jnp.zeros((b,), jnp.int32),
+        tau=(lengths > 0).astype(jnp.float32),
+        accepted_per_depth=depth0,
+    )
+
+
+# --------------------------------------------------------------------------- compile cache
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(cfg) -> Callable:
+    """The jitted function of a static configuration (one trace per input shape)."""
+    impl = _spec_impl if isinstance(cfg, SpecConfig) else _ar_impl
+    return jax.jit(functools.partial(impl, cfg))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_model(name: str, model) -> None:
+    if not isinstance(model, Transformer):
+        raise ValueError(f"{name}: expected a jaxspec.model.Transformer, got {type(model).__name__}")
+
+
+def _check_key(key):
+    try:
+        arr = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    except Exception:
+        arr = None
+    if arr is not None and jnp.issubdtype(arr.dtype, jax.dtypes.prng_key) and arr.shape == ():
+        return arr
+    if arr is not None and arr.dtype == jnp.uint32 and arr.shape == (2,):
+        return jax.random.wrap_key_data(arr)
+    raise ValueError(
+        f"key: expected a scalar jax.random.key (or a legacy uint32[2] PRNGKey), got {key!r}"
+    )
+
+
+def _check_budget(max_new_tokens) -> int:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected an integer >= 1")
+    return int(max_new_tokens)
+
+
+def _prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (int32[B, T] right-padded with 0, int32[B] lengths)."""
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+        arr = np.asarray(prompts)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"prompts: expected int32[B, T] or a list of token lists, got an array of shape {arr.shape}"
+            )
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"prompts: expected integer token ids, got dtype {arr.dtype}")
+        if arr.shape[0] == 0 or arr.shape[1] == 0:
+            raise ValueError(f"prompts: expected at least one row of at least one token, got shape {arr.shape}")
+        bad = np.argwhere((arr < 0) | (arr >= vocab_size))
+        if bad.size:
+            i, t = (int(x) for x in bad[0])
+            raise ValueError(f"prompts[{i}][{t}] = {int(arr[i, t])}: expected a token id in [0, {vocab_size})")
+        return arr.astype(np.int32), np.full((arr.shape[0],), arr.shape[1], np.int32)
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+        if len(prompts) == 0:
+            raise ValueError("prompts: expected at least one prompt, got an empty list")
+        rows = []
+        for i, row in enumerate(prompts):
+            if _is_int(row) or not isinstance(row, (Sequence, np.ndarray, jax.Array)):
+                raise ValueError(
+                    f"prompts[{i}] = {row!r}: expected a list of token ids (prompts is a list of prompts)"
+                )
+            r = np.asarray(row)
+            if r.size == 0:
+                raise ValueError(f"prompts[{i}]: empty prompt; expected at least one token")
+            if r.ndim != 1 or r.dtype.kind not in "iu":
+                raise ValueError(f"prompts[{i}]: expected a 1-D sequence of integer token ids, got {row!r}")
+            rows.append(r)
+    else:
+        raise ValueError(f"prompts: expected int32[B, T] or a list of token lists, got {type(prompts).__name__}")
+    for i, r in enumerate(rows):
+        bad = np.flatnonzero((r < 0) | (r >= vocab_size))
+        if bad.size:
+            t = int(bad[0])
+            raise ValueError(f"prompts[{i}][{t}] = {int(r[t])}: expected a token id in [0, {vocab_size})")
+    lens = np.asarray([r.shape[0] for r in rows], np.int32)
+    out = np.zeros((len(rows), int(lens.max())), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out, lens
+
+
+def _check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
+    if _is_int(stop_tokens):
+        stop_tokens = (stop_tokens,)
+    if not isinstance(stop_tokens, (Sequence, np.ndarray)) or isinstance(stop_tokens, str):
+        raise ValueError(f"stop_tokens = {stop_tokens!r}: expected a sequence of token ids")
+    out = []
+    for i, t in enumerate(list(stop_tokens)):
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            raise ValueError(f"stop_tokens[{i}] = {t!r}: expected a token id in [0, {vocab_size})")
+        out.append(int(t))
+    return tuple(sorted(set(out)))
+
+
+def _warp(prefix: str, temperature, top_k, top_p) -> tuple[Warp, float]:
+    """Validated (static warp, temperature)."""
+    try:
+        sampling.validate_warp_args(temperature, top_k, top_p)
+        if isinstance(temperature, jax.core.Tracer) or isinstance(top_p, jax.core.Tracer):
+            raise ValueError("temperature/top_p: expected concrete Python numbers, got a traced value")
+    except ValueError as e:
+        raise ValueError(f"{prefix}{e}") from None
+    top_k = None if top_k is None else int(top_k)
+    top_p = None if top_p is None or float(top_p) == 1.0 else float(top_p)
+    return Warp(top_k, top_p), float(temperature)
+
+
+def _check_positions(name: str, model, needed: int, what: str) -> None:
+    limit = model.config.max_position_embeddings
+    if needed > limit:
+        raise ValueError(
+            f"{name}: {what} = {needed} exceeds max_position_embeddings = {limit}; "
+            "shorten the prompt, max_new_tokens or the tree"
+        )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def generate(
+    key,
+    target: Transformer,
+    draft: Transformer,
+    prompts,
+    *,
+    max_new_tokens: int,
+    tree,
+    scheme: str = "without_replacement",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+) -> GenerateResult:
+    """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
+    the warped target alone (greedy target decoding at ``temperature=0``).
+
+    Args:
+      key: ``jax.random.key``; row b uses ``fold_in(key, b)``.
+      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
+        lengths >= 1.
+      max_new_tokens: budget per row (>= 1).
+      tree: an int k (chain of k), a per-level branching tuple such as ``(3, 2, 1)``, a
+        parents sequence starting with -1, a :class:`~jaxspec.treespec.DynamicTree`, or a
+        string for :func:`~jaxspec.treespec.parse_tree`.
+      scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
+        (dynamic trees: ``"deterministic"`` only).
+      temperature, top_k, top_p: the target law (temperature, then top-k, then top-p).
+      draft_temperature, draft_top_k, draft_top_p: the draft's proposal law. ``None``
+        inherits the target's value for the sampling schemes (``iid``,
+        ``without_replacement``); for ``deterministic`` (static or dynamic trees, whose
+        draft only *ranks* candidates) ``None`` means temperature 1 and no top-k/top-p.
+        Either way ``q`` is the law actually sampled, so the output law is unchanged.
+      stop_tokens: a row ends at its first stop token (included in the output).
+
+    Returns:
+      :class:`GenerateResult` (device arrays; statistics are per row).
+    """
+    _check_model("target", target)
+    _check_model("draft", draft)
+    v = target.config.vocab_size
+    if draft.config.vocab_size != v:
+        raise ValueError(
+            f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
+        )
+    key = _check_key(key)
+    m = _check_budget(max_new_tokens)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme = {scheme!r}: expected one of {SCHEMES}")
+    spec = resolve_tree(tree)
+    if isinstance(spec, DynamicTree):
+        if scheme != "deterministic":
+            raise ValueError(
+                f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
+                "scheme='deterministic'"
+            )
+        if spec.topk > v:
+            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
+    elif scheme != "iid" and spec.max_siblings > v:
+        raise ValueError(
+            f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v} distinct "
+            f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
+        )
+    target_warp, t_temp = _warp("", temperature, top_k, top_p)
+    if scheme == "deterministic":
+        d_defaults = (1.0, None, None)
+    else:
+        d_defaults = (temperature, top_k, top_p)
+    draft_warp, d_temp = _warp(
+        "draft_",
+        d_defaults[0] if draft_temperature is None else draft_temperature,
+        d_defaults[1] if draft_top_k is None else draft_top_k,
+        d_defaults[2] if draft_top_p is None else draft_top_p,
+    )
+    stop = _check_stop(stop_tokens, v)
+    tokens, lens = _prepare_prompts(prompts, v)
+    scratch = spec.num_nodes
+    if isinstance(spec, DynamicTree):
+        scratch = max(spec.num_nodes, spec.expansion_slots)
+    capacity = tokens.shape[1] + m + scratch + 1
+    for name, model in (("target", target), ("draft", draft)):
+        _check_positions(
+            name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
+        )
+    tdef, tstate = nnx.split(target)
+    ddef, dstate = nnx.split(draft)
+    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity)
+    return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
+
+
+def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature,
+                 draft_temperature, stop_tokens=()) -> GenerateResult:
+    """Run the compiled function of ``cfg`` on validated inputs (no checks; tests and
+    benchmarks use it to reuse a configuration, e.g. with ``_Hooks``)."""
+    return _compiled(cfg)(
+        target_state, draft_state, key, jnp.asarray(tokens, jnp.int32), jnp.asarray(lens, jnp.int32),
+        jnp.float32(temperature), jnp.float32(draft_temperature), _stop_array(stop_tokens),
+    )
+
+
+def _stop_array(stop_tokens):
+    """int32[n'] stop tokens padded with -1 (never a token) to a power of two >= 1, so that
+    "no stop token" and "one stop token" share a compilation."""
+    stop = np.asarray(stop_tokens, np.int32).reshape(-1)
+    size = 1 if stop.size <= 1 else 1 << (stop.size - 1).bit_length()
+    return jnp.asarray(np.concatenate([stop, np.full(size - stop.size, -1, np.int32)]))
+
+
+def generate_autoregressive(
+    key,
+    target: Transformer,
+    prompts,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+) -> GenerateResult:
+    """Target-only sampling (the baseline), same model code and output format as
+    :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
+    with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
+    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding."""
+    _check_model("target", target)
+    v = target.config.vocab_size
+    key = _check_key(key)
+    m = _check_budget(max_new_tokens)
+    warp, temp = _warp("", temperature, top_k, top_p)
+    stop = _check_stop(stop_tokens, v)
+    tokens, lens = _prepare_prompts(prompts, v)
+    capacity = tokens.shape[1] + m
+    _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
+    tdef, tstate = nnx.split(target)
+    cfg = ARConfig(tdef, warp, m, capacity)
+    return _compiled(cfg)(
+        tstate, key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
+    )

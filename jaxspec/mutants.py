@@ -1,0 +1,196 @@
+"""Deliberately broken speculative decoders, for ``jaxspec verify --mutant NAME``.
+
+A harness that cannot fail proves nothing (DESIGN.md §4). Each mutant is the real decoder
+of :func:`jaxspec.generate` with exactly one piece replaced by a classic bug of §2, so a
+user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on the main
+decode path: :func:`spec_impl` returns a *separate* configuration and round function.
+
+=====================  ==================================================================
+name                   the bug                                          needs
+=====================  ==================================================================
+no-residual-update     after a rejected sibling, ``p`` is not replaced  >= 2 siblings
+                       by ``normalize(max(p - q_k, 0))``; the extra
+                       token is drawn from the unmodified row
+depth-row              node i is judged by the row of its *depth*, not  a non-chain tree
+                       of its parent (``row d`` = "law at depth d")
+causal-mask            target verification under a causal triangle over  >= 2 siblings
+                       the flattened tree: siblings leak into each other
+reused-uniform         the residual / bonus token reuses the uniform of  any tree
+                       the last acceptance test instead of a fresh one
+=====================  ==================================================================
+
+How they plug in: ``depth-row`` and ``causal-mask`` use generate's test hooks
+(``_Hooks.accept_rows`` / ``_Hooks.verify_mask``); ``no-residual-update`` and
+``reused-uniform`` replace the acceptance function, which ``_Hooks`` has no slot for
+yet: the round function is rebound with another ``_accept_core`` (a copy of
+``generate._spec_impl`` with different globals; the library's function is untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import types
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec import tree as _tree
+from jaxspec.acceptance import AcceptResult, _node_accept_probs, _ratio, _row_residual, _structure
+from jaxspec.sampling import _inverse_cdf
+
+# the module, not the function that jaxspec/__init__ may re-export under the same name
+_gen = importlib.import_module("jaxspec.generate")
+
+__all__ = ["MUTANTS", "describe", "spec_impl", "check_mutant"]
+
+MUTANTS = ("no-residual-update", "depth-row", "causal-mask", "reused-uniform")
+
+_DESCRIPTIONS = {
+    "no-residual-update": "no residual update between siblings (p is never reduced by a rejected q_k)",
+    "depth-row": "a node's probability row indexed by its depth instead of its parent",
+    "causal-mask": "target verification under a causal mask over the flattened tree (sibling leakage)",
+    "reused-uniform": "the residual/bonus draw reuses the last acceptance test's uniform",
+}
+
+
+def describe(name: str) -> str:
+    """One line on what mutant ``name`` breaks."""
+    return _DESCRIPTIONS[check_mutant(name)]
+
+
+def check_mutant(name: str) -> str:
+    if name not in MUTANTS:
+        raise ValueError(f"mutant = {name!r}: expected one of {', '.join(MUTANTS)}")
+    return name
+
+
+# --------------------------------------------------------------------------- path choice
+
+
+def _choose_path(st, accept_prob, u, n):
+    """The library's branch-free path choice (first accepted sibling wins, all the way
+    down): -> (on_path bool[N], num_accepted, last node or -1, accepted_nodes int32[N])."""
+    acc = u < accept_prob
+    chosen = acc & ~jnp.any(jnp.asarray(st.earlier_sibling) & acc[None, :], axis=1)
+    mask = jnp.asarray(st.mask)
+    depth = jnp.asarray(st.depth, jnp.int32)
+    on_path = ~jnp.any(mask & ~chosen[None, :], axis=1)
+    num_accepted = jnp.sum(on_path, dtype=jnp.int32)
+    last = jnp.where(num_accepted > 0, jnp.argmax(jnp.where(on_path, depth, 0)), -1).astype(jnp.int32)
+    slot = jnp.where(on_path, depth - 1, n)
+    idx = jnp.arange(n, dtype=jnp.int32)
+    accepted_nodes = jnp.full((n,), -1, jnp.int32).at[slot].set(idx, mode="drop")
+    return num_accepted, last, accepted_nodes
+
+
+def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
+    path = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
+    out = jnp.concatenate([path, jnp.full((1,), -1, jnp.int32)]).at[num_accepted].set(extra)
+    return AcceptResult(
+        tokens=out,
+        num_tokens=num_accepted + 1,
+        num_accepted=num_accepted,
+        accepted_nodes=accepted_nodes,
+        accepted_per_depth=(accepted_nodes >= 0).astype(jnp.int32),
+        last_node=last,
+    )
+
+
+def _accept_no_residual_update(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """Every sibling judged against the *unmodified* target row; the extra token drawn
+    from that row too (the bug: ``p`` never becomes ``normalize(max(p - q_k, 0))``)."""
+    st = _structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    row = jnp.asarray(st.parent_row)  # [N]
+    px = P[row, tokens]
+    if scheme == "iid":
+        qx = Q[row, tokens]
+    elif scheme == "without_replacement":  # q_k(x) = q(x) / (1 - mass of earlier siblings)
+        earlier = jnp.asarray(st.earlier_sibling)
+        q_own = Q[row, tokens]
+        removed = jnp.sum(jnp.where(earlier, q_own[None, :], 0.0), axis=1)
+        left = 1.0 - removed
+        qx = jnp.where(left > 0, q_own / jnp.where(left > 0, left, 1.0), 1.0)
+    else:  # deterministic: point masses
+        qx = jnp.ones((n,), jnp.float32)
+    accept_prob = _ratio(px, qx)
+    key_accept, key_emit = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)
+    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u, n)
+    extra = _inverse_cdf(jax.random.uniform(key_emit, (), jnp.float32), P[last + 1])
+    return _result(tokens, num_accepted, last, accepted_nodes, extra)
+
+
+def _accept_reused_uniform(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """The library's rule, except that the extra token is drawn by inverse CDF with the
+    uniform of the last acceptance test made (the last, rejected, child of the emitting
+    row; or the accepted leaf's own test for a bonus token)."""
+    st = _structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    accept_prob = _node_accept_probs(st, tokens, P, Q, scheme)
+    key_accept, _ = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)
+    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u, n)
+    emit_row = last + 1
+    kids = jnp.asarray(st.children)[emit_row]  # [K], -1 padded, sibling order
+    last_kid = jnp.max(kids)  # the last child tried (all were rejected)
+    u_last = jnp.where(last_kid >= 0, u[jnp.maximum(last_kid, 0)], u[jnp.maximum(last, 0)])
+    law = _row_residual(st, emit_row, tokens, P, Q, scheme)
+    return _result(tokens, num_accepted, last, accepted_nodes, _inverse_cdf(u_last, law))
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def _causal(mask):
+    """A causal triangle of the same shape as the ``[root] + nodes`` tree mask."""
+    m = jnp.asarray(mask)
+    k = m.shape[-1]
+    return jnp.broadcast_to(jnp.tril(jnp.ones((k, k), jnp.bool_)), m.shape)
+
+
+def _depth_rows(tp, dp, parents):
+    """``accept_rows`` hook: row ``i + 1`` (after node i) replaced by row ``depth[i]``
+    ("row d = the law at depth d": right for a chain only)."""
+    src = jnp.concatenate([jnp.zeros((1,), jnp.int32), _tree.tree_depths(parents)])  # row r <- row src[r]
+    return tp[src], dp[src]
+
+
+def _uses_global(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` or a function nested in it reads the global ``name``."""
+    return name in code.co_names or any(
+        _uses_global(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
+
+
+@functools.lru_cache(maxsize=None)
+def _rebound_impl(accept_name: str):
+    """``generate._spec_impl`` with ``_accept_core`` bound to a mutant rule."""
+    f = _gen._spec_impl
+    if not _uses_global(f.__code__, "_accept_core"):
+        raise RuntimeError("jaxspec.generate._spec_impl no longer calls _accept_core; update jaxspec.mutants")
+    core = {"no-residual-update": _accept_no_residual_update, "reused-uniform": _accept_reused_uniform}[accept_name]
+    glb = dict(f.__globals__)
+    glb["_accept_core"] = core
+    g = types.FunctionType(f.__code__, glb, f"{f.__name__}__{accept_name.replace('-', '_')}", f.__defaults__,
+                           f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return g
+
+
+def spec_impl(name: str, cfg: _gen.SpecConfig):
+    """``(cfg', impl)`` of mutant ``name``: ``impl(cfg', target_state, draft_state, key,
+    tokens, lens, temperature, draft_temperature, stop_tokens) -> GenerateResult`` has the
+    signature of ``generate._spec_impl`` (jit it with ``cfg'`` bound)."""
+    check_mutant(name)
+    if name in ("no-residual-update", "reused-uniform"):
+        return cfg, _rebound_impl(name)
+    hooks = _gen._Hooks(verify_mask=_causal) if name == "causal-mask" else _gen._Hooks(accept_rows=_depth_rows)
+    return dataclasses.replace(cfg, hooks=hooks), _gen._spec_impl

@@ -1,0 +1,301 @@
+"""The exactness harness as a product (jaxspec.exactness, jaxspec.mutants).
+
+Fixed in advance: the default pair and configuration (tree branch:2,2, iid, V = 4, L = 3,
+prompt 1,2,3), seed 0, family alpha 1e-3 with Bonferroni inside each report. The default
+suite runs 2^14 - 2^15 samples per run; the slow suite the product default of 10^6.
+
+* the unbroken decoder passes, with acceptance per depth against its enumeration;
+* every mutant is rejected with p < 1e-6 (joint χ² vs exact and two-sample);
+* the enumerated law matches a brute-force product of per-position laws;
+* counts for one seed are identical on 1 and 8 (forced host) devices;
+* the configuration mirrors what jaxspec.generate compiles.
+"""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec import exactness, mutants, sampling
+from jaxspec.exactness import default_pair, exact_law, expected_acceptance, verify
+from jaxspec.model import forward_logits
+from jaxspec.treespec import resolve_tree
+
+gen = importlib.import_module("jaxspec.generate")  # the module (jaxspec.generate may be the function)
+
+SMALL = 1 << 14
+MUTANT_SAMPLES = 1 << 15
+MUTANT_THRESH = 1e-6
+
+
+@pytest.fixture(scope="module")
+def small_report():
+    return verify(num_samples=SMALL, seed=0, progress=False)
+
+
+def test_unbroken_decoder_passes(small_report):
+    r = small_report
+    print(r.summary())
+    assert r.passed, r.summary()
+    names = [t.name for t in r.tests]
+    assert names[:6] == [
+        "joint chi2 vs exact",
+        "position 1 chi2 vs exact",
+        "position 2 chi2 vs exact",
+        "position 3 chi2 vs exact",
+        "joint two-sample chi2 vs target-only",
+        "control: target-only joint chi2 vs exact",
+    ]
+    assert names[6:] == ["acceptance at depth 1 (binomial)", "acceptance at depth 2 (binomial)"]
+    assert r.alpha_per_test == pytest.approx(1e-3 / 8)
+    assert r.num_cells == 64 and r.spec_counts.sum() == SMALL and r.ar_counts.sum() == SMALL
+    assert r.spec_counts[-1] == 0 and r.ar_counts[-1] == 0  # nothing outside the support
+    np.testing.assert_allclose(r.exact.sum(), 1.0, rtol=1e-12)
+    assert 0.0 <= r.tv <= r.tv_upper <= 1.0 and 0.0 < r.min_detectable_tv < 1.0
+    # acceptance at depth 1 is well inside (0, 1): the mutants have something to break
+    assert 0.2 < r.acceptance_expected[0] < 0.9 and r.acceptance_expected[1] < r.acceptance_expected[0]
+    se = np.sqrt(r.acceptance_expected * (1 - r.acceptance_expected) / SMALL)
+    assert np.all(np.abs(r.acceptance_observed - r.acceptance_expected) < 5 * se)
+    assert 1.0 < r.tokens_per_round <= 3.0
+
+
+def test_report_json_and_plots(small_report, tmp_path):
+    d = json.loads(small_report.to_json())
+    assert d["passed"] is True and d["num_samples"] == SMALL and d["num_cells"] == 64
+    assert d["config"]["tree"] == "branch:2,2" and d["config"]["mutant"] is None
+    assert len(d["tests"]) == 8 and all(t["passed"] for t in d["tests"])
+    assert len(d["cells"]["tokens"]) == 64 and sum(d["cells"]["speculative"]) == SMALL
+    assert d["acceptance"]["expected"] is not None
+    assert "samples_per_s" in " ".join(d["timings"])
+    paths = small_report.save_plots(tmp_path / "plots")
+    assert [os.path.basename(p) for p in paths] == ["marginals.png", "joint.png", "acceptance.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+def test_mutant_is_rejected(mutant):
+    """At 2^15 samples every mutant is rejected with p < 1e-6 by the joint test against
+    the exact law and by the two-sample test against target-only sampling."""
+    r = verify(num_samples=MUTANT_SAMPLES, mutant=mutant, check_acceptance=False, progress=False)
+    by = {t.name: t for t in r.tests}
+    joint, two = by["joint chi2 vs exact"], by["joint two-sample chi2 vs target-only"]
+    print(f"{mutant}: joint p={joint.pvalue:.3g} two-sample p={two.pvalue:.3g} TV={r.tv:.4f}")
+    assert not r.passed
+    assert joint.pvalue < MUTANT_THRESH, r.summary()
+    assert two.pvalue < MUTANT_THRESH, r.summary()
+    assert by["control: target-only joint chi2 vs exact"].passed  # the baseline is not to blame
+    assert r.config["mutant"] == mutant
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+def test_mutant_is_rejected_at_default_samples(mutant):
+    r = verify(mutant=mutant, progress=False)  # 10^6 samples, the product default
+    print(r.summary())
+    assert r.num_samples == 10**6 and not r.passed
+    by = {t.name: t for t in r.tests}
+    assert by["joint chi2 vs exact"].pvalue < MUTANT_THRESH
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        dict(scheme="without_replacement"),
+        dict(scheme="deterministic"),
+        dict(scheme="iid", temperature=0.7, top_k=3),
+        dict(scheme="without_replacement", temperature=1.3, top_p=0.8, tree="branch:3,1"),
+        dict(scheme="deterministic", tree="dynamic:depth=3,topk=2,nodes=5"),
+        dict(tree="chain:3", horizon=4),
+    ],
+    ids=str,
+)
+def test_unbroken_decoder_passes_at_default_samples(kw):
+    r = verify(progress=False, seed=1, **kw)
+    print(r.summary())
+    assert r.passed, r.summary()
+
+
+@pytest.mark.slow
+def test_temperature_zero_is_one_cell():
+    """Greedy: one cell of probability 1 (the temperature is traced: same compilation)."""
+    r = verify(temperature=0.0, num_samples=SMALL, check_acceptance=False, progress=False)
+    assert r.num_cells == 1 and r.spec_counts[0] == SMALL and r.passed
+
+
+# --------------------------------------------------------------------------- exact laws
+
+
+def test_exact_law_matches_brute_force():
+    target, _ = default_pair(0)
+    prompt, horizon = (1, 2, 3), 3
+    warp = dict(temperature=0.8, top_k=3)
+    law = exact_law(target, prompt, horizon, **warp)
+    assert law.cells.shape == (27, 3)  # top-3 at every position
+    # brute force: one forward per full sequence, product of the per-position laws
+    seqs = np.array([list(prompt) + list(c) for c in law.cells], np.int32)
+    logits = nnx.jit(forward_logits)(target, jnp.asarray(seqs))[:, len(prompt) - 1 : -1]  # [C, L, V]
+    probs = np.asarray(sampling.warp_probs(logits, **warp), np.float64)
+    probs /= probs.sum(-1, keepdims=True)
+    brute = np.prod(np.take_along_axis(probs, law.cells[:, :, None], axis=2)[..., 0], axis=1)
+    np.testing.assert_allclose(law.probs, brute / brute.sum(), rtol=1e-4)  # float32 forwards
+    np.testing.assert_allclose(law.marginals.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(np.count_nonzero(law.marginals, axis=1) <= 4)
+
+
+def test_lookup_finds_cells_and_flags_the_outside():
+    rng = np.random.default_rng(0)
+    v, horizon = 5, 3
+    cells = sorted({tuple(rng.integers(0, v, horizon)) for _ in range(40)})
+    # levels from the sorted cells
+    levels, prev = [], {(): 0}
+    for lvl in range(horizon):
+        nodes = sorted({c[: lvl + 1] for c in cells})
+        par = np.array([prev[n[:-1]] for n in nodes], np.int32)
+        tok = np.array([n[-1] for n in nodes], np.int32)
+        levels.append((jnp.asarray(par), jnp.asarray(tok)))
+        prev = {n: i for i, n in enumerate(nodes)}
+    ys = rng.integers(0, v, (500, horizon)).astype(np.int32)
+    got = np.asarray(exactness._lookup(jnp.asarray(ys), tuple(levels), len(cells)))
+    index = {c: i for i, c in enumerate(cells)}
+    want = np.array([index.get(tuple(y), len(cells)) for y in ys.tolist()])
+    np.testing.assert_array_equal(got, want)
+    assert (want < len(cells)).any() and (want == len(cells)).any()
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement", "deterministic"])
+def test_draft_draw_enumeration_is_a_law(scheme):
+    q = np.array([0.5, 0.3, 0.2, 0.0])
+    for m in (1, 2, 3, 4):
+        draws = list(exactness._draws(q, q.astype(np.float32), m, scheme))
+        assert sum(pr for _, pr in draws) == pytest.approx(1.0)
+        if scheme == "without_replacement":
+            assert all(len(set(xs)) == m for xs, _ in draws)
+            if m == 4:  # the support (3 tokens) is exhausted: the zero token comes last
+                assert all(xs[3] == 3 for xs, _ in draws)
+    assert list(exactness._draws(q, q.astype(np.float32), 2, "deterministic")) == [((0, 1), 1.0)]
+
+
+def test_expected_acceptance_is_one_when_draft_equals_target():
+    target, _ = default_pair(0)
+    warp = dict(temperature=1.0, top_k=None, top_p=None)
+    for tree, scheme in (("chain:3", "iid"), ("branch:2,2", "without_replacement")):
+        e = expected_acceptance(target, target, (1, 2, 3), resolve_tree(tree), scheme, warp, warp)
+        np.testing.assert_allclose(e, 1.0, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+class _Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(tree="branch:2,2", scheme="iid"),
+        dict(tree="chain:3", scheme="deterministic", temperature=0.7, top_k=3),
+        dict(tree="branch:2,1", scheme="without_replacement", top_p=0.9, draft_temperature=1.2),
+        dict(tree="dynamic:depth=2,topk=2,nodes=3", scheme="deterministic"),
+    ],
+    ids=str,
+)
+def test_configuration_mirrors_generate(kw, monkeypatch):
+    """verify compiles exactly what generate / generate_autoregressive would (captured
+    before compilation)."""
+    target, draft = default_pair(0)
+
+    def capture(cfg):
+        raise _Captured(cfg)
+
+    monkeypatch.setattr(gen, "_compiled", capture)
+    prompt, horizon = (1, 2, 3), 3
+    with pytest.raises(_Captured) as spec:
+        gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=horizon, **kw)
+    warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
+    with pytest.raises(_Captured) as ar:
+        gen.generate_autoregressive(jax.random.key(0), target, [list(prompt)] * 2, max_new_tokens=horizon, **warp)
+    setup = exactness._setup(target, draft, prompt, horizon, kw["tree"], kw["scheme"], kw.get("temperature", 1.0),
+                             kw.get("top_k"), kw.get("top_p"), kw.get("draft_temperature"), None, None)
+    assert setup.spec_cfg == spec.value.args[0]
+    assert setup.ar_cfg == ar.value.args[0]
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(horizon=0), "horizon = 0"),
+        (dict(num_samples=0), "num_samples = 0"),
+        (dict(mutant="off-by-one"), "mutant = 'off-by-one'"),
+        (dict(prompt=[1, 9]), "prompt[1] = 9"),
+        (dict(prompt=[]), "prompt"),
+        (dict(scheme="greedy"), "scheme = 'greedy'"),
+        (dict(tree="branch:0"), "tree"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(alpha=2.0), "alpha"),
+        (dict(tree="branch:5", scheme="without_replacement"), "vocab_size = 4"),
+    ],
+)
+def test_bad_input_is_named(kw, message):
+    kw = dict(kw)
+    with pytest.raises(ValueError) as e:
+        verify(num_samples=kw.pop("num_samples", 16), progress=False, **kw)
+    assert message in str(e.value)
+
+
+def test_large_vocabulary_needs_top_k():
+    from jaxspec.config import ModelConfig
+    from jaxspec.model import init_model
+
+    cfg = ModelConfig(vocab_size=300, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                      num_attention_heads=1, max_position_embeddings=32)
+    m = init_model(cfg, jax.random.key(0))
+    with pytest.raises(ValueError, match="pass a top_k"):
+        verify(m, m, num_samples=16, progress=False)
+    with pytest.raises(ValueError, match="pass both models"):
+        verify(m, None, num_samples=16, progress=False)
+
+
+# --------------------------------------------------------------------------- sharding
+
+_SHARD_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, jax
+    from jaxspec.exactness import verify
+    r = verify(tree="chain:1", num_samples=20000, chunk_size=4096, seed=3, check_acceptance=False,
+               progress=False)
+    blob = r.spec_counts.tobytes() + r.ar_counts.tobytes() + r.spec_marginals.tobytes()
+    print(json.dumps({"devices": len(jax.devices()), "report_devices": r.config["devices"],
+                      "hash": hashlib.sha256(blob).hexdigest(), "total": int(r.spec_counts.sum())}))
+    """
+)
+
+
+def test_counts_identical_on_1_and_8_devices():
+    """20000 samples in blocks of 4096: 5 blocks, one step on 8 devices (3 idle), five on 1."""
+    procs = {}
+    for n in (1, 8):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+        procs[n] = subprocess.Popen([sys.executable, "-c", _SHARD_SCRIPT], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+    out = {}
+    for n, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-3000:]
+        out[n] = json.loads(stdout.strip().splitlines()[-1])
+    assert out[1]["devices"] == out[1]["report_devices"] == 1
+    assert out[8]["devices"] == out[8]["report_devices"] == 8
+    assert out[1]["total"] == out[8]["total"] == 20000
+    assert out[1]["hash"] == out[8]["hash"]

@@ -1,0 +1,445 @@
+"""Speculative generation: greedy equivalence, compile hygiene, stop tokens and budget,
+statistics, draft-proposal consistency, tree specs and boundary validation.
+
+The statistical exactness of sampling lives in ``test_generate_exactness.py``.
+"""
+
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _tiny import next_token_probs, tiny_pair
+from flax import nnx
+
+from jaxspec import sampling
+from jaxspec.cache import commit
+from jaxspec.draft import Warp, propose_dynamic, propose_static
+from jaxspec.model import prefill
+from jaxspec.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
+
+# the module itself: once the package re-exports the function ``generate``, the
+# attribute ``jaxspec.generate`` is that function
+gen = importlib.import_module("jaxspec.generate")
+
+SCHEMES = sampling.SCHEMES
+V = 8
+# different lengths, including a one-token prompt (nothing to prefill)
+PROMPTS = [[3, 1, 4, 1, 5], [2], [6, 5, 3, 5, 0, 7, 2], [1, 1], [0, 4, 2]]
+MAX_NEW = 12
+NON_BFS = [-1, 0, -1, 1, 0, 2]  # explicit parents, not breadth first (relabeled internally)
+TREES = {
+    "chain3": 3,
+    "branch2x2": (2, 2),
+    "parents": NON_BFS,
+}
+DYNAMIC = DynamicTree(depth=3, topk=2, num_nodes=6)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # two layers, grouped-query attention: more cache plumbing than the exactness models
+    return tiny_pair(3, vocab_size=V, hidden_size=16, num_heads=2, num_kv_heads=1, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(pair):
+    target, _ = pair
+    return gen.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=MAX_NEW, temperature=0.0)
+
+
+def _check_greedy(pair, ref, tree, scheme):
+    target, draft = pair
+    out = gen.generate(
+        jax.random.key(1), target, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=tree, scheme=scheme, temperature=0.0
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.full(len(PROMPTS), MAX_NEW))
+    assert np.all(np.asarray(out.tau) >= 1.0)
+    return out
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_greedy_equals_target_greedy_every_scheme(pair, greedy_reference, scheme):
+    """Temperature 0: token for token the target's greedy decoding (explicit, non-BFS tree)."""
+    _check_greedy(pair, greedy_reference, TREES["parents"], scheme)
+
+
+@pytest.mark.parametrize(
+    "tree_name,scheme", [("chain3", "iid"), ("branch2x2", "deterministic")]
+)
+def test_greedy_equals_target_greedy_static_trees(pair, greedy_reference, tree_name, scheme):
+    _check_greedy(pair, greedy_reference, TREES[tree_name], scheme)
+
+
+def test_greedy_equals_target_greedy_dynamic_tree(pair, greedy_reference):
+    out = _check_greedy(pair, greedy_reference, DYNAMIC, "deterministic")
+    # the draft agrees with the target often enough for multi-token rounds
+    assert np.asarray(out.tau).mean() > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_greedy_full_matrix(pair, greedy_reference, tree_name, scheme):
+    _check_greedy(pair, greedy_reference, TREES[tree_name], scheme)
+
+
+# --------------------------------------------------------------------------- compile hygiene
+
+
+class _CountTraces:
+    def __init__(self):
+        self.events = []
+
+    def __call__(self, name, *_, **kw):
+        if name == "/jax/core/compile/jaxpr_trace_duration":
+            self.events.append(kw.get("fun_name", name))
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self)
+
+
+def test_no_retrace_for_new_keys_and_prompts(pair):
+    target, draft = pair
+    kw = dict(max_new_tokens=5, tree=(2, 1), scheme="without_replacement", temperature=1.0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, V, size=(4, 3)).astype(np.int32) for _ in range(3)]
+    keys = [jax.random.key(i) for i in range(3)]
+    jax.block_until_ready(gen.generate(keys[0], target, draft, prompts[0], **kw))  # warm up
+    ar_kw = dict(max_new_tokens=5, temperature=1.0)
+    jax.block_until_ready(gen.generate_autoregressive(keys[0], target, prompts[0], **ar_kw))
+
+    # the traced body runs once per trace: count with a pass-through hook
+    calls = []
+
+    def counting_mask(m):
+        calls.append(1)
+        return m
+
+    tdef, tstate = nnx.split(target)
+    ddef, dstate = nnx.split(draft)
+    cfg = gen.SpecConfig(
+        tdef, ddef, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, 3 + 5 + 4 + 1,
+        gen._Hooks(verify_mask=counting_mask),
+    )
+    with _CountTraces() as counter:
+        for i, (k, p) in enumerate(zip(keys, prompts)):
+            jax.block_until_ready(gen.generate(k, target, draft, p, **kw))
+            jax.block_until_ready(gen.generate(k, target, draft, p, **{**kw, "temperature": 0.5 * i}))
+            jax.block_until_ready(gen.generate_autoregressive(k, target, p, **ar_kw, stop_tokens=[i]))
+            t, l = gen._prepare_prompts(p, V)
+            gen.run_compiled(cfg, tstate, dstate, k, t, l, 1.0, 1.0)
+    assert len(calls) == 1, f"the round body was traced {len(calls)} times"
+    # public entry points: nothing traced after the warm-up (the hooked config: once)
+    assert len(counter.events) == 1, counter.events
+
+    # same shapes and temperature 0: array prompts == list prompts == target greedy
+    a = gen.generate(keys[0], target, draft, prompts[1], **{**kw, "temperature": 0.0})
+    b = gen.generate(keys[1], target, draft, prompts[1].tolist(), **{**kw, "temperature": 0.0})
+    c = gen.generate_autoregressive(keys[2], target, jnp.asarray(prompts[1]), **{**ar_kw, "temperature": 0.0})
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+
+
+# --------------------------------------------------------------------------- stop / budget / stats
+
+
+def test_stop_tokens_and_budget_per_row(pair, greedy_reference):
+    """Greedy with a stop token == the greedy reference cut after its first stop token."""
+    target, draft = pair
+    ref = np.asarray(greedy_reference.tokens)
+    stop = int(ref[0, 4])  # row 0 must stop at (or before) position 4
+    out = gen.generate(
+        jax.random.key(2), target, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=(2, 2),
+        scheme="deterministic", temperature=0.0, stop_tokens=(stop,),
+    )
+    ar = gen.generate_autoregressive(
+        jax.random.key(2), target, PROMPTS, max_new_tokens=MAX_NEW, temperature=0.0, stop_tokens=[stop]
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    for b in range(len(PROMPTS)):
+        hits = np.flatnonzero(ref[b] == stop)
+        want = hits[0] + 1 if hits.size else MAX_NEW
+        assert lengths[b] == want, (b, lengths[b], want)
+        np.testing.assert_array_equal(tokens[b, :want], ref[b, :want])
+        assert np.all(tokens[b, want:] == -1)
+    assert lengths[0] <= 5 and lengths.min() < lengths.max()  # rows end independently
+    np.testing.assert_array_equal(tokens, np.asarray(ar.tokens))
+    np.testing.assert_array_equal(lengths, np.asarray(ar.lengths))
+
+
+@pytest.mark.parametrize("scheme,tree", [("iid", 3), ("deterministic", DYNAMIC)])
+def test_sampling_stats_and_padding(pair, scheme, tree):
+    """Sampling with a stop token; same shapes as the greedy tests (no new compilation)."""
+    target, draft = pair
+    m, stop = MAX_NEW, 5
+    prompts = [PROMPTS[2]] * 3 + PROMPTS[:2]  # shape (5, 7) as PROMPTS
+    b = len(prompts)
+    out = gen.generate(
+        jax.random.key(7), target, draft, prompts, max_new_tokens=m, tree=tree, scheme=scheme,
+        temperature=1.0, stop_tokens=[stop],
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    tcalls, dcalls = np.asarray(out.target_calls), np.asarray(out.draft_calls)
+    acc, rounds = np.asarray(out.accepted_per_depth), np.asarray(out.rounds)
+    spec = resolve_tree(tree)
+    n, depth = spec.num_nodes, spec.depth
+    assert tokens.shape == (b, m) and tokens.dtype == np.int32
+    for r in range(b):
+        ln = lengths[r]
+        assert 1 <= ln <= m
+        assert np.all(tokens[r, ln:] == -1) and np.all(tokens[r, :ln] >= 0)
+        assert not np.any(tokens[r, : ln - 1] == stop)  # nothing emitted after a stop token
+        if ln < m:
+            assert tokens[r, ln - 1] == stop
+    assert lengths.sum() == (tokens >= 0).sum()
+    np.testing.assert_array_equal(tcalls, rounds)
+    per_round = depth + 1 if isinstance(spec, DynamicTree) else depth  # static: deepest level never forwarded
+    np.testing.assert_array_equal(dcalls, rounds * per_round)
+    np.testing.assert_allclose(np.asarray(out.tau), lengths / tcalls, rtol=1e-6)
+    emitted = acc.sum(axis=1) + tcalls  # accepted + 1 per round
+    assert np.all(lengths <= emitted) and np.all(emitted - lengths <= n)  # only the last round is cut
+    assert acc.shape == (b, depth)
+    assert np.all(np.diff(acc, axis=1) <= 0)  # depth d+1 accepted only after depth d
+    s = out.summary()
+    assert s["tokens"] == lengths.sum() and abs(s["tau"] - lengths.sum() / tcalls.sum()) < 1e-9
+    assert len(s["accept_rate_per_depth"]) == depth
+    # identical prompts in a batch are independent samples
+    assert len({tuple(t) for t in tokens[:3].tolist()}) > 1
+
+
+def test_autoregressive_stats(pair):
+    target, _ = pair
+    out = gen.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=MAX_NEW, stop_tokens=[0])
+    lengths = np.asarray(out.lengths)
+    np.testing.assert_array_equal(np.asarray(out.target_calls), lengths)
+    np.testing.assert_array_equal(np.asarray(out.draft_calls), 0)
+    np.testing.assert_allclose(np.asarray(out.tau), 1.0)
+    tokens = np.asarray(out.tokens)
+    for r, ln in enumerate(lengths):
+        assert np.all(tokens[r, ln:] == -1) and (ln == MAX_NEW or tokens[r, ln - 1] == 0)
+
+
+# --------------------------------------------------------------------------- draft consistency
+
+
+def _probs(model, seq):
+    return next_token_probs(model, [seq])[0]
+
+
+def test_static_draft_rows_and_cache_match_reference(pair):
+    """Draft rows == forward_logits along each root-to-node path; and after committing a
+    path that ends at the deepest level (never forwarded by the draft), the next round's
+    root row is still the law after prefix + path + root (the stale K/V is recomputed)."""
+    _, draft = pair
+    spec = resolve_tree(NON_BFS)
+    prompt = PROMPTS[0]
+    tokens = jnp.asarray([prompt], jnp.int32)
+    lens = jnp.asarray([len(prompt)], jnp.int32)
+    gdef, state = nnx.split(draft)
+    cap = 16
+    parents = spec.parents_array
+    leaf = int(np.argmax(spec.depths))  # commit the root and the deepest path
+    path_nodes = [leaf]
+    while parents[path_nodes[0]] >= 0:
+        path_nodes.insert(0, int(parents[path_nodes[0]]))
+    offsets = jnp.asarray([[0] + [j + 1 for j in path_nodes]], jnp.int32)
+    nxt = 0
+
+    @jax.jit
+    def run(state, key):
+        model = nnx.merge(gdef, state)
+        _, cache = prefill(model, tokens, lens - 1, cap)
+        propose = functools.partial(propose_static, model, tree=spec, scheme="iid", warp=Warp(), temperature=1.0)
+        node_tokens, rows, cache = propose(cache, tokens[:, -2], tokens[:, -1], key[None])
+        cache = commit(cache, offsets, jnp.asarray([len(path_nodes) + 1]))
+        leaf_token = node_tokens[:, leaf]
+        _, rows2, _ = propose(cache, leaf_token, jnp.asarray([nxt]), key[None])
+        return node_tokens[0], rows[0], rows2[0, 0]
+
+    node_tokens, rows, after_commit = map(np.asarray, run(state, jax.random.key(3)))
+    paths = [[]]
+    for j, p in enumerate(parents):
+        paths.append(paths[p + 1] + [int(node_tokens[j])])
+    has_children = np.flatnonzero(np.bincount(parents + 1, minlength=spec.num_nodes + 1) > 0)
+    ref = next_token_probs(draft, [prompt + paths[r] for r in has_children])
+    np.testing.assert_allclose(rows[has_children], ref, atol=2e-5)  # leaf rows are unused
+    np.testing.assert_allclose(after_commit, _probs(draft, prompt + paths[leaf + 1] + [nxt]), atol=2e-5)
+
+
+def _dynamic_reference(model, prompt, tree: DynamicTree):
+    """EAGLE-2 selection in plain Python from forward_logits (float64 scores)."""
+    k = tree.topk
+
+    def top(q):
+        return sorted(range(q.shape[0]), key=lambda i: (-q[i], i))[:k]
+
+    pool = []  # (token, score, parent pool index, path tokens)
+    q = _probs(model, prompt).astype(np.float64)
+    for t in top(q):
+        pool.append((t, np.log(q[t]), -1, [t]))
+    frontier = list(range(k))
+    for _ in range(1, tree.depth):
+        children = []
+        for f in frontier:
+            tok, score, _, path = pool[f]
+            q = _probs(model, prompt + path).astype(np.float64)
+            for t in top(q):
+                children.append((t, score + np.log(q[t]), f, path + [t]))
+        start = len(pool)
+        pool.extend(children)
+        order = sorted(range(len(children)), key=lambda i: (-children[i][1], i))[:k]
+        frontier = [start + i for i in order]
+    chosen = sorted(sorted(range(len(pool)), key=lambda i: (-pool[i][1], i))[: tree.num_nodes])
+    index = {p: i for i, p in enumerate(chosen)}
+    tokens = [pool[p][0] for p in chosen]
+    parents = [index[pool[p][2]] if pool[p][2] >= 0 else -1 for p in chosen]
+    return tokens, parents
+
+
+def test_dynamic_tree_matches_python_reference(pair):
+    _, draft = pair
+    tree = DynamicTree(depth=3, topk=3, num_nodes=8)
+    gdef, state = nnx.split(draft)
+    prompts = [PROMPTS[0], PROMPTS[2]]
+    tokens = jnp.asarray([p[:5] for p in prompts], jnp.int32)
+    lens = jnp.asarray([5, 5], jnp.int32)
+
+    @jax.jit
+    def run(state):
+        model = nnx.merge(gdef, state)
+        _, cache = prefill(model, tokens, lens - 1, 32)
+        return propose_dynamic(model, cache, tokens[:, -1], tree, Warp(), 1.0)[:2]
+
+    node_tokens, parents = map(np.asarray, run(state))
+    for b, p in enumerate(prompts):
+        ref_tokens, ref_parents = _dynamic_reference(draft, p[:5], tree)
+        np.testing.assert_array_equal(node_tokens[b], ref_tokens)
+        np.testing.assert_array_equal(parents[b], ref_parents)
+        assert np.all(parents[b] < np.arange(tree.num_nodes))
+
+
+# --------------------------------------------------------------------------- tree specs
+
+
+def test_static_tree_breadth_first_relabel():
+    t = StaticTree.from_parents([-1, 0, -1, 1])  # docstring example
+    assert t.parents == (-1, -1, 0, 2)
+    np.testing.assert_array_equal(t.depths, [1, 1, 2, 3])
+    assert t.levels == ((0, 2), (2, 3), (3, 4))
+    t = resolve_tree(NON_BFS)
+    assert t.parents == (-1, -1, 0, 0, 1, 2)  # siblings keep their order
+    np.testing.assert_array_equal(
+        t.full_mask.astype(int),
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0],
+            [1, 0, 1, 0, 0, 1, 0],
+            [1, 1, 0, 1, 0, 0, 1],
+        ],
+    )
+    with pytest.raises(ValueError, match="breadth-first"):
+        StaticTree((-1, 0, -1))
+
+
+@pytest.mark.parametrize(
+    "arg,parents",
+    [
+        (3, (-1, 0, 1)),
+        ((2, 1), (-1, -1, 0, 1)),
+        ([-1, 0, 0], (-1, 0, 0)),
+        (np.array([-1, -1]), (-1, -1)),
+        ("chain:2", (-1, 0)),
+        ("4", (-1, 0, 1, 2)),
+        ("branch:3,1", (-1, -1, -1, 0, 1, 2)),
+        ("parents:-1,0,0,1", (-1, 0, 0, 1)),
+    ],
+)
+def test_resolve_and_parse_tree(arg, parents):
+    assert resolve_tree(arg).parents == parents
+
+
+def test_parse_dynamic_tree():
+    assert parse_tree("dynamic:depth=4,topk=4,nodes=16") == DynamicTree(4, 4, 16)
+    assert resolve_tree(DYNAMIC) is DYNAMIC
+    assert str(DynamicTree(4, 4, 16)) == "dynamic:depth=4,topk=4,nodes=16"
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("chain:x", "'chain:x'.*integers"),
+        ("branch:2,0", "'branch:2,0'.*widths"),
+        ("parents:0,1", "'parents:0,1'.*parents"),
+        ("dynamic:depth=2,topk=2", "missing"),
+        ("dynamic:depth=2,topk=2,nodes=99", "at most"),
+        ("dynamic:width=2", "unknown field"),
+        ("star:3", "unknown kind"),
+        ("", "expected"),
+    ],
+)
+def test_parse_tree_errors_name_the_spec(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_tree(spec)
+
+
+@pytest.mark.parametrize("bad", [0, -2, (), (2, 0), [0, 1], [-1, 1], True, 2.5, [[-1]]])
+def test_resolve_tree_errors(bad):
+    with pytest.raises(ValueError, match="tree"):
+        resolve_tree(bad)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_boundary_validation(pair):
+    target, draft = pair
+    k = jax.random.key(0)
+    ok = dict(max_new_tokens=4, tree=2)
+
+    def err(match, *args, **kw):
+        a = (k, target, draft, [[1, 2]]) if not args else args
+        with pytest.raises(ValueError, match=match):
+            gen.generate(*a, **{**ok, **kw})
+
+    err(r"prompts\[1\]: empty prompt", k, target, draft, [[1], []])
+    err("prompts: expected at least one prompt", k, target, draft, [])
+    err(r"prompts\[0\]\[1\] = -1", k, target, draft, [[1, -1]])
+    err(rf"prompts\[1\]\[0\] = {V}: expected a token id in \[0, {V}\)", k, target, draft, [[1], [V]])
+    err("prompts: expected int32", k, target, draft, np.zeros((2,), np.int32))
+    err("prompts.*dtype", k, target, draft, np.zeros((1, 2), np.float32))
+    err(r"prompts\[0\] = 3", k, target, draft, [3, 4])
+    err("max_new_tokens = 0", max_new_tokens=0)
+    err("max_new_tokens = 2.0", max_new_tokens=2.0)
+    err("scheme = 'greedy'", scheme="greedy")
+    err("temperature", temperature=-1.0)
+    err("top_k", top_k=0)
+    err("top_p", top_p=1.5)
+    err("draft_temperature", draft_temperature=float("nan"))
+    err("draft_top_p", draft_top_p=0.0)
+    err(r"stop_tokens\[0\] = 8", stop_tokens=[V])
+    err("scheme = 'iid': a DynamicTree", tree=DynamicTree(2, 2, 3), scheme="iid")
+    err("topk = 9 exceeds", tree=DynamicTree(2, 9, 9), scheme="deterministic")
+    err("more than vocab_size", tree=(V + 1,), scheme="without_replacement")
+    err("max_position_embeddings", max_new_tokens=60)
+    err("key", None, target, draft, [[1]])
+    other, _ = tiny_pair(0, vocab_size=4)
+    err("draft: vocab_size = 4; expected the target's vocab_size = 8", k, target, other, [[1]])
+    err("draft: expected a jaxspec.model.Transformer", k, target, "draft", [[1]])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate_autoregressive(k, target, [[1]], max_new_tokens=-1)
+    with pytest.raises(ValueError, match=r"prompts\[0\]: empty"):
+        gen.generate_autoregressive(k, target, [[]], max_new_tokens=1)
