@@ -1,7 +1,9 @@
 """The ``jaxspec`` command line.
 
 Each subcommand is one function registered with :func:`command`: it receives its
-``argparse`` subparser, adds its arguments and returns the handler that runs it::
+``argparse`` subparser, adds its arguments and returns the handler that runs it. Put it in
+this module or in a module ``jaxspec/cli_<name>.py``, which is imported (and so registered)
+automatically::
 
     @command("generate", help="generate text with tree speculative decoding")
     def _generate(p: argparse.ArgumentParser) -> Handler:
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 __all__ = ["main", "command", "CLIError", "build_parser"]
 
@@ -239,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (help_, setup) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_handler=setup(p), _parser=p)
+        p.set_defaults(_handler=setup(p))
     return parser
 
 
@@ -263,5 +267,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _register_command_modules() -> None:
+    """Import every ``jaxspec/cli_<name>.py``: each registers its commands with :func:`command`."""
+    for path in sorted(Path(__file__).resolve().parent.glob("cli_*.py")):
+        importlib.import_module(f"jaxspec.{path.stem}")
+
+
+_register_command_modules()
+
+if __name__ == "__main__":  # ``python -m jaxspec.cli``: run the registry of the importable module
+    from jaxspec.cli import main as _main
+
+    sys.exit(_main())

@@ -104,3 +104,14 @@ def test_train_resume_and_distill_end_to_end(tmp_path, capsys):
     assert 0 < res["alpha_before"] < res["alpha_after"] <= 1
     assert cli.main(argv[:-2] + ["--out", str(tmp_path / "d2")]) == 2  # tiny target: draft too costly at 1/8
     assert "per-token FLOPs" in capsys.readouterr().err
+
+
+def test_command_modules_are_registered_on_import():
+    import importlib
+    from pathlib import Path
+
+    registered = set(cli._COMMANDS)
+    assert {"train", "distill"} <= registered
+    for path in Path(cli.__file__).parent.glob("cli_*.py"):
+        importlib.import_module(f"jaxspec.{path.stem}")  # already imported by jaxspec.cli: no new commands
+    assert set(cli._COMMANDS) == registered
