@@ -9,15 +9,29 @@ Public API (see DESIGN.md §5):
 * warps and draft draws: :mod:`jaxspec.sampling`;
 * models: :class:`ModelConfig`, :func:`init_model`, :func:`forward_logits`,
   :class:`KVCache`, masks and the commit of accepted paths;
+* generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`;
+  tree specs :class:`DynamicTree`, :func:`parse_tree`;
+* checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
+  :func:`save_model`; :class:`ByteTokenizer`;
+* tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`;
 * statistics for exactness claims: :mod:`jaxspec.stats`.
 """
 
 from jaxspec import sampling, stats
 from jaxspec.acceptance import SCHEMES, AcceptResult, accept_probabilities, speculative_accept
 from jaxspec.cache import KVCache, advance, commit, init_cache
+from jaxspec.checkpoint import embedded_models, load_model, save_model
 from jaxspec.config import ModelConfig
+from jaxspec.generate import GenerateResult, generate, generate_autoregressive
 from jaxspec.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.model import Transformer, decode_step, forward_logits, init_model, prefill
+from jaxspec.optimize import (
+    AcceptanceEstimate,
+    OptimizedTree,
+    expected_accepted,
+    measure_acceptance,
+    optimize_tree,
+)
 from jaxspec.sampling import (
     draw,
     draw_deterministic,
@@ -29,6 +43,7 @@ from jaxspec.sampling import (
     warp_logits,
     warp_probs,
 )
+from jaxspec.tokenizer import ByteTokenizer
 from jaxspec.tree import (
     branching,
     chain,
@@ -40,5 +55,6 @@ from jaxspec.tree import (
     tree_positions,
     validate_parents,
 )
+from jaxspec.treespec import DynamicTree, parse_tree
 
 __version__ = "0.1.0"
