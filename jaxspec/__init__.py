@@ -17,7 +17,7 @@ Public API (see DESIGN.md §5):
 * statistics for exactness claims: :mod:`jaxspec.stats`.
 """
 
-from jaxspec import sampling, stats
+from jaxspec import sampling
 from jaxspec.acceptance import SCHEMES, AcceptResult, accept_probabilities, speculative_accept
 from jaxspec.cache import KVCache, advance, commit, init_cache
 from jaxspec.checkpoint import embedded_models, load_model, save_model
@@ -58,3 +58,22 @@ from jaxspec.tree import (
 from jaxspec.treespec import DynamicTree, parse_tree
 
 __version__ = "0.1.0"
+
+# Heavy, rarely needed on the decode path (scipy.stats, plotting): imported on first use.
+_LAZY = {
+    "exactness": ("jaxspec.exactness", None),
+    "mutants": ("jaxspec.mutants", None),
+    "stats": ("jaxspec.stats", None),
+    "verify": ("jaxspec.exactness", "verify"),
+    "VerifyReport": ("jaxspec.exactness", "VerifyReport"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    raise AttributeError(f"module 'jaxspec' has no attribute {name!r}")
