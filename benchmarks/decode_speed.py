@@ -4,7 +4,9 @@ For each temperature (0 and 1) and each tree (chains, static trees of several si
 dynamic tree), batch 1, the same models in the same run:
 
 * tokens/s of ``jaxspec.generate`` and of ``jaxspec.generate_autoregressive`` (median of
-  several timed calls after a warm-up compile, ``block_until_ready``), and the speedup;
+  several timed calls after a warm-up compile, ``block_until_ready``; the two, and the
+  cost measurements below, take turns so that a changing machine load hits all alike),
+  and the speedup;
 * tau (tokens per target call) and the acceptance rate per depth;
 * the measured costs of one target decode step, one draft step and one tree verification
   (each a jitted ``fori_loop`` of forwards divided by its length, so dispatch is not
@@ -15,13 +17,14 @@ dynamic tree), batch 1, the same models in the same run:
   The gap between ideal and measured speedup is framework overhead (draws, acceptance,
   cache commits, the loop), also reported per round (``overhead_ms_per_round``).
 
-Models: ``--target``/``--draft`` take ``random`` (the default: a random target of 4 layers,
-hidden 256 and a random draft of 1 layer, hidden 64, vocabulary 256 -- unrelated random
-models, so greedy acceptance is low) or a name/folder for ``jaxspec.checkpoint.load_model``
-(e.g. ``default-target`` / ``default-draft`` once trained models are embedded).
+Models: ``--target``/``--draft`` take a name/folder for ``jaxspec.checkpoint.load_model``
+(default: the embedded trained pair ``default-target`` / ``default-draft``, byte-level,
+prompted with ``--prompt`` text) or ``random`` (a random target of 4 layers, hidden 256
+and a random draft of 1 layer, hidden 64, vocabulary 256, prompted with ``--prompt-len``
+random ids -- unrelated random models, so greedy acceptance is low).
 
     python benchmarks/decode_speed.py [--quick] [--target NAME] [--draft NAME]
-        [--max-new-tokens 128] [--prompt-len 32] [--repeats 5] [--out benchmarks/results]
+        [--prompt TEXT] [--max-new-tokens 128] [--repeats 5] [--out benchmarks/results]
 
 Writes ``decode_speed.json`` and ``decode_speed.png`` under ``--out``.
 """
@@ -51,6 +54,7 @@ from jaxspec.treespec import DynamicTree, parse_tree
 # attribute ``jaxspec.generate`` is that function
 gen = importlib.import_module("jaxspec.generate")
 
+DEFAULT_PROMPT = "The history of the city begins with"
 TREES = ["chain:2", "chain:4", "branch:2,2", "branch:3,2,1", "branch:4,2,2,1", "dynamic:depth=4,topk=4,nodes=16"]
 QUICK_TREES = ["chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=6"]
 
@@ -72,12 +76,14 @@ def _load(name: str, config: ModelConfig, seed: int) -> Transformer:
     return load_model(name)
 
 
-def _forward_cost(model: Transformer, t: int, capacity: int, prefix: int, loops: int = 16) -> float:
-    """Seconds per forward of ``t`` new tokens at batch 1 over a cache holding ``prefix``
-    tokens (a jitted fori_loop of ``loops`` forwards; dispatch excluded)."""
+def _forward_loop(model: Transformer, t: int, capacity: int, prefix: int, loops: int = 16):
+    """A zero-argument callable timing ``loops`` forwards of ``t`` new tokens at batch 1
+    over a cache holding ``prefix`` tokens, in one jitted ``fori_loop`` (dispatch excluded:
+    divide its time by ``loops``)."""
     gdef, state = nnx.split(model)
     cache = init_cache(model.config, 1, capacity).replace(lengths=jnp.asarray([prefix], jnp.int32))
     tm = np.tril(np.ones((t, t), bool))
+    tokens = jnp.zeros((1, t), jnp.int32)
 
     @jax.jit
     def run(state, cache, tokens):
@@ -92,65 +98,69 @@ def _forward_cost(model: Transformer, t: int, capacity: int, prefix: int, loops:
 
         return jax.lax.fori_loop(0, loops, body, (cache, jnp.float32(0)))[1]
 
-    tokens = jnp.zeros((1, t), jnp.int32)
-    jax.block_until_ready(run(state, cache, tokens))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run(state, cache, tokens))
-        times.append((time.perf_counter() - t0) / loops)
-    return statistics.median(times)
+    return lambda i: run(state, cache, tokens)
 
 
-def _time_calls(fn, repeats: int) -> tuple[float, object]:
-    """Median wall seconds of ``fn(i)`` over ``repeats`` calls after a warm-up call."""
-    jax.block_until_ready(fn(-1))
-    times, out = [], None
+def _interleaved(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """Median wall seconds of each ``fn(i)``, the functions taking turns (so that a
+    changing machine load hits them alike), after one warm-up (compile) call each."""
+    for f in fns.values():
+        jax.block_until_ready(f(-1))
+    times = {k: [] for k in fns}
+    outs = {}
     for i in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(i))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            outs[k] = jax.block_until_ready(f(i))
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
 
 
 def run(args) -> dict:
     target = _load(args.target, RANDOM_TARGET, 0)
     draft = _load(args.draft, RANDOM_DRAFT, 1)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, target.config.vocab_size, size=(1, args.prompt_len)).astype(np.int32)
+    if args.target == "random":
+        rng = np.random.default_rng(0)
+        prompt = rng.integers(0, target.config.vocab_size, size=(1, args.prompt_len)).astype(np.int32)
+    else:
+        from jaxspec.tokenizer import ByteTokenizer  # noqa: PLC0415
+
+        prompt = np.asarray([ByteTokenizer().encode(args.prompt, add_bos=True)], np.int32)
+    args.prompt_len = prompt.shape[1]
     m = args.max_new_tokens
     trees = QUICK_TREES if args.quick else TREES
-    temps = [0.0, 1.0]
-    cap_max = args.prompt_len + m + 64 + 1
-
-    t_target_step = _forward_cost(target, 1, cap_max, args.prompt_len + m // 2)
-    t_draft_step = _forward_cost(draft, 1, cap_max, args.prompt_len + m // 2)
-    print(f"target decode step {t_target_step * 1e3:.3f} ms, draft step {t_draft_step * 1e3:.3f} ms")
+    cap = min(args.prompt_len + m + 64 + 1, target.config.max_position_embeddings)
+    mid = args.prompt_len + m // 2  # cache fill at which forwards are costed
+    loops = 16
+    target_step = _forward_loop(target, 1, cap, mid, loops)
+    draft_step = _forward_loop(draft, 1, cap, mid, loops)
 
     results = []
-    for temp in temps:
+    for temp in (0.0, 1.0):
 
         def ar(i, temp=temp):
             key = jax.random.key(1000 + i)
             return gen.generate_autoregressive(key, target, prompt, max_new_tokens=m, temperature=temp)
 
-        ar_s, ar_out = _time_calls(ar, args.repeats)
-        ar_tps = int(np.asarray(ar_out.lengths).sum()) / ar_s
-        print(f"T={temp}: target-only {ar_tps:.1f} tok/s")
         for name in trees:
             spec = parse_tree(name)
             scheme = "deterministic" if isinstance(spec, DynamicTree) or temp == 0.0 else "without_replacement"
             n = spec.num_nodes
-            t_verify = _forward_cost(target, n + 1, cap_max, args.prompt_len + m // 2)
             forwards = spec.depth + (1 if isinstance(spec, DynamicTree) else 0)
 
             def sp(i, temp=temp, spec=spec, scheme=scheme):
                 key = jax.random.key(2000 + i)
-                return gen.generate(key, target, draft, prompt, max_new_tokens=m, tree=spec, scheme=scheme, temperature=temp)
+                return gen.generate(
+                    key, target, draft, prompt, max_new_tokens=m, tree=spec, scheme=scheme, temperature=temp
+                )
 
-            sp_s, out = _time_calls(sp, args.repeats)
-            s = out.summary()
-            tps = s["tokens"] / sp_s
+            fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
+                   "verify": _forward_loop(target, n + 1, cap, mid, loops)}
+            sec, outs = _interleaved(fns, args.repeats)
+            t_target_step, t_draft_step, t_verify = (sec[k] / loops for k in ("target_step", "draft_step", "verify"))
+            s = outs["spec"].summary()
+            ar_tps = int(np.asarray(outs["ar"].lengths).sum()) / sec["ar"]
+            tps = s["tokens"] / sec["spec"]
             ideal = s["tau"] * t_target_step / (forwards * t_draft_step + t_verify)
             row = {
                 "temperature": temp,
@@ -169,14 +179,16 @@ def run(args) -> dict:
                 "t_target_step_ms": t_target_step * 1e3,
                 "t_draft_step_ms": t_draft_step * 1e3,
                 "t_verify_ms": t_verify * 1e3,
-                "seconds_per_call": sp_s,
+                "target_only_ms_per_token": sec["ar"] / max(int(np.asarray(outs["ar"].lengths).sum()), 1) * 1e3,
+                "seconds_per_call": sec["spec"],
                 # wall time per round not explained by the model forwards
-                "overhead_ms_per_round": (sp_s / max(s["rounds"], 1) - forwards * t_draft_step - t_verify) * 1e3,
+                "overhead_ms_per_round": (sec["spec"] / max(s["rounds"], 1) - forwards * t_draft_step - t_verify) * 1e3,
             }
             results.append(row)
             print(
-                f"T={temp} {name:34s} {scheme:20s} tau {s['tau']:.3f}  {tps:8.1f} tok/s  "
-                f"speedup {row['speedup']:.2f}x (ideal {ideal:.2f}x)  verify {t_verify * 1e3:.3f} ms  "
+                f"T={temp} {name:34s} {scheme:20s} tau {s['tau']:.3f}  {tps:8.1f} tok/s vs {ar_tps:8.1f}  "
+                f"speedup {row['speedup']:.2f}x (ideal {ideal:.2f}x)  step {t_target_step * 1e3:.3f} / draft "
+                f"{t_draft_step * 1e3:.3f} / verify {t_verify * 1e3:.3f} ms  "
                 f"overhead {row['overhead_ms_per_round']:.3f} ms/round"
             )
     return {
@@ -188,6 +200,7 @@ def run(args) -> dict:
         "target": args.target if args.target != "random" else RANDOM_TARGET.to_dict(),
         "draft": args.draft if args.draft != "random" else RANDOM_DRAFT.to_dict(),
         "batch": 1,
+        "prompt": args.prompt if args.target != "random" else None,
         "prompt_len": args.prompt_len,
         "max_new_tokens": m,
         "repeats": args.repeats,
@@ -224,10 +237,11 @@ def plot(report: dict, path: pathlib.Path) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer trees, 32 new tokens, 3 repeats")
-    p.add_argument("--target", default="random", help="'random' or a name/folder for load_model")
-    p.add_argument("--draft", default="random", help="'random' or a name/folder for load_model")
+    p.add_argument("--target", default="default-target", help="a name/folder for load_model, or 'random'")
+    p.add_argument("--draft", default="default-draft", help="a name/folder for load_model, or 'random'")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text (byte-level models)")
     p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=32, help="random prompt length (random models)")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"))
     args = p.parse_args(argv)
