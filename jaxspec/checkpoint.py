@@ -28,11 +28,21 @@ Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
     model = load_model("/path/to/hf_folder", dtype="bfloat16")
 
 Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
-to :class:`~jaxspec.config.ModelConfig` keyword arguments); adding a family is one entry.
+to :class:`~jaxspec.config.ModelConfig` keyword arguments); adding a family is one entry:
+
+* ``LlamaForCausalLM`` (``attention_bias`` as configured), tied or untied embeddings;
+* ``Qwen2ForCausalLM`` (biases on q/k/v; ``use_sliding_window`` true is refused unless the
+  window covers the context);
+* ``MistralForCausalLM`` (full attention: a ``sliding_window`` shorter than the context —
+  ``max_context`` if given, else ``max_position_embeddings`` — is refused with a message
+  saying which ``max_context`` would be exact).
+
+Nothing here touches the network: folders are read from local disk only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -72,13 +82,82 @@ _DTYPES = ("float32", "bfloat16")
 _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def _llama_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(cfg)
+def _rope_kwargs(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Common HF -> ModelConfig translation: family defaults for keys a config may omit
+    (``save_pretrained`` writes only non-default values in some versions), and the newer
+    ``rope_parameters`` dict (transformers >= 5) folded into ``rope_theta`` / ``rope_scaling``."""
+    out = {**defaults, **cfg}
+    for key in ("rope_parameters", "rope_scaling"):
+        rp = out.get(key)
+        if isinstance(rp, Mapping):
+            rope_type = rp.get("rope_type", rp.get("type", "default"))
+            if rope_type != "default":
+                raise ValueError(
+                    f"{key} = {dict(rp)!r}: rope_type {rope_type!r} is not supported; expected "
+                    "'default' (plain rotary embeddings)"
+                )
+            if "rope_theta" in rp:
+                out["rope_theta"] = rp["rope_theta"]
+            out["rope_scaling"] = None
+    out.pop("rope_parameters", None)
+    return out
 
 
-# architecture name -> function(HF config dict) -> ModelConfig keyword arguments (HF names).
-ARCHITECTURES: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+def _check_window(arch: str, window: Any, cfg: Mapping[str, Any], max_context: int | None) -> dict[str, Any]:
+    """Refuse a sliding attention window shorter than the context this model will be used for.
+
+    jaxspec attends over the full context. With a window ``W`` that equals full attention
+    only while every sequence (prompt + new tokens + tree) has at most ``W`` tokens. The
+    context checked is ``max_context`` if given (and then ``max_position_embeddings`` is
+    lowered to it, so generation refuses longer sequences), else ``max_position_embeddings``.
+    """
+    if window is None:
+        if "sliding_attention" in (cfg.get("layer_types") or ()):
+            raise ValueError(f"{arch}: layer_types has sliding_attention layers but sliding_window is null")
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window = {window!r}: expected a positive integer or null")
+    ctx = max_context if max_context is not None else cfg["max_position_embeddings"]
+    if window < ctx:
+        hint = (
+            f"pass max_context <= {window} to load_model to use it with at most {window} tokens"
+            if max_context is None
+            else f"max_context = {max_context} exceeds it; use max_context <= {window}"
+        )
+        raise ValueError(
+            f"{arch} uses a sliding attention window of {window} tokens (sliding_window), shorter than "
+            f"the context of {ctx} tokens; jaxspec implements full attention only, which differs from "
+            f"the model beyond {window} tokens: {hint}"
+        )
+    return {}
+
+
+def _llama_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    return _rope_kwargs(cfg, {"max_position_embeddings": 2048, "rope_theta": 10000.0})
+
+
+def _qwen2_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    # Qwen2 always has biases on q/k/v (not o); its configs carry no attention_bias key.
+    out = _rope_kwargs(cfg, {"max_position_embeddings": 32768, "rope_theta": 10000.0})
+    out["attention_bias"] = True
+    if out.get("use_sliding_window", False) or "sliding_attention" in (out.get("layer_types") or ()):
+        _check_window("Qwen2ForCausalLM", out.get("sliding_window"), out, max_context)
+    return out
+
+
+def _mistral_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    out = _rope_kwargs(cfg, {"max_position_embeddings": 4096 * 32, "rope_theta": 10000.0, "sliding_window": 4096})
+    out["attention_bias"] = False
+    _check_window("MistralForCausalLM", out.get("sliding_window"), out, max_context)
+    return out
+
+
+# architecture name -> function(HF config dict, max_context) -> ModelConfig keyword arguments
+# (HF names). The function raises ValueError for configurations jaxspec cannot run exactly.
+ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
     "LlamaForCausalLM": _llama_kwargs,
+    "Qwen2ForCausalLM": _qwen2_kwargs,
+    "MistralForCausalLM": _mistral_kwargs,
 }
 
 
@@ -152,8 +231,21 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     return d
 
 
-def config_from_hf(cfg: Mapping[str, Any], *, dtype: str | None = None, source: str = CONFIG_FILE) -> ModelConfig:
-    """:class:`ModelConfig` from an HF config dict; ``dtype`` None -> ``"float32"``."""
+def config_from_hf(
+    cfg: Mapping[str, Any],
+    *,
+    dtype: str | None = None,
+    source: str = CONFIG_FILE,
+    max_context: int | None = None,
+) -> ModelConfig:
+    """:class:`ModelConfig` from an HF config dict; ``dtype`` None -> ``"float32"``.
+
+    ``max_context`` (tokens: prompt + new tokens + tree) is checked against a sliding
+    attention window (Mistral, Qwen2 with ``use_sliding_window``) and, when given, caps
+    ``max_position_embeddings`` so longer sequences are refused at generation time.
+    """
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1):
+        raise ValueError(f"load_model: max_context = {max_context!r}; expected a positive integer or None")
     archs = cfg.get("architectures") or ["LlamaForCausalLM"]
     if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
         raise ValueError(
@@ -165,12 +257,15 @@ def config_from_hf(cfg: Mapping[str, Any], *, dtype: str | None = None, source: 
         dtype = jnp.dtype(dtype).name
     if dtype not in _DTYPES:
         raise ValueError(f"load_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
-    kwargs = ARCHITECTURES[archs[0]](cfg)
-    kwargs["dtype"] = dtype
     try:
-        return ModelConfig.from_dict(kwargs)
+        kwargs = ARCHITECTURES[archs[0]](cfg, max_context)
+        kwargs["dtype"] = dtype
+        config = ModelConfig.from_dict(kwargs)
     except ValueError as e:
         raise ValueError(f"load_model: {source}: {e}") from None
+    if max_context is not None and max_context < config.max_position_embeddings:
+        config = dataclasses.replace(config, max_position_embeddings=max_context)
+    return config
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -281,16 +376,24 @@ def _weight_files(folder: Path) -> dict[str, str]:
         return {name: WEIGHTS_FILE for name in f.keys()}
 
 
-def load_model(name_or_path: str | os.PathLike, *, dtype: str | None = None) -> Transformer:
+def load_model(
+    name_or_path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None
+) -> Transformer:
     """A :class:`Transformer` from an embedded name or an HF-layout folder.
 
     ``dtype``: ``"float32"`` (default when None) or ``"bfloat16"``; stored tensors of any
-    float dtype are converted. Errors name the file or tensor at fault.
+    float dtype are converted. ``max_context``: the longest sequence (prompt + new tokens +
+    tree) you will run; required for a model with a sliding attention window shorter than
+    its ``max_position_embeddings`` (Mistral v0.1), which is then refused unless
+    ``max_context <= sliding_window``; when given, it caps ``max_position_embeddings``.
+    Architectures: :data:`ARCHITECTURES`. Errors name the file or tensor at fault.
     """
     folder = resolve_model_path(name_or_path)
     if not folder.is_dir():
         raise FileNotFoundError(f"load_model: model folder {folder} does not exist")
-    config = config_from_hf(read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE))
+    config = config_from_hf(
+        read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE), max_context=max_context
+    )
     files = _weight_files(folder)
 
     abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))

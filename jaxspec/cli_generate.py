@@ -1,5 +1,7 @@
-"""``jaxspec generate``: tree speculative sampling on the embedded default pair (or any
-pair of saved models sharing the byte-level tokenizer).
+"""``jaxspec generate``: tree speculative sampling on the embedded default pair, or on any
+pair of local model folders sharing a tokenizer: the byte-level tokenizer of the embedded
+models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
+``tokenizers`` package: the ``hf`` extra). A pair whose vocabularies differ is refused.
 
 ::
 
@@ -7,6 +9,7 @@ pair of saved models sharing the byte-level tokenizer).
     jaxspec generate --prompt "import os" --temperature 0 --tree branch:4,2,1 --scheme deterministic
     jaxspec generate --prompt "class Foo:" --baseline          # target-only sampling
     jaxspec generate --prompt "for i in" --json
+    jaxspec generate --target models/SmolLM2-360M --draft models/SmolLM2-135M --prompt "def f(x):"
 
 At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
 target); at any temperature the speculative text has exactly the law of target sampling.
@@ -41,9 +44,42 @@ def _int(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
 
 
+class _Stream:
+    """Host callback for ``on_round``: prints row 0's new text as each round completes.
+
+    Decodes everything emitted so far and prints the part not yet printed (works for any
+    tokenizer); a trailing replacement character (an incomplete UTF-8 sequence) is held
+    back until the next round completes it.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.enabled = False
+        self.printed = ""
+
+    def __call__(self, tokens, lengths):
+        if not self.enabled:
+            return
+        import numpy as np  # callbacks receive jax Arrays: one transfer, not one per token
+
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        text = self.tokenizer.decode(tokens[0, : int(lengths[0])].tolist())
+        text = text.rstrip("\ufffd")
+        if text.startswith(self.printed):
+            sys.stdout.write(text[len(self.printed) :])
+            sys.stdout.flush()
+            self.printed = text
+
+    def finish(self, text: str) -> None:
+        rest = text[len(self.printed) :] if text.startswith(self.printed) else ""
+        sys.stdout.write(rest + "\n")
+        sys.stdout.flush()
+        self.enabled = False
+
+
 @command("generate", help="generate text with tree speculative decoding")
 def _generate(p: argparse.ArgumentParser) -> Handler:
-    p.add_argument("--prompt", required=True, help="prompt text (UTF-8, byte-level tokens)")
+    p.add_argument("--prompt", required=True, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
     p.add_argument("--max-new-tokens", type=_int, default=128, help="token budget (default 128)")
     p.add_argument(
         "--temperature", type=_float, default=DEFAULT_TEMPERATURE,
@@ -71,7 +107,7 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         import jax
         import numpy as np
 
-        from jaxspec import generate as gen
+        from jaxspec.generate import generate, generate_autoregressive
         from jaxspec import sampling
         from jaxspec.checkpoint import load_model
         from jaxspec.tokenizer import ByteTokenizer
@@ -91,7 +127,9 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
                 raise CLIError(f"--tree: {e}") from None
             if type(tree).__name__ == "DynamicTree" and args.scheme != "deterministic":
                 args.scheme = "deterministic"
-        tok = ByteTokenizer()
+        tok = _tokenizer(args.target, "--target")
+        if not args.baseline:
+            _check_same_tokenizer(tok, _tokenizer(args.draft, "--draft"), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
@@ -102,23 +140,42 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
                 f"--prompt: {len(ids)} tokens; the model's context is {ctx} tokens "
                 "(prompt + new tokens + tree must fit)"
             )
+        if not isinstance(tok, ByteTokenizer) and tok.vocab_size > target.config.vocab_size:
+            raise CLIError(
+                f"--target {args.target}: its tokenizer has {tok.vocab_size} tokens but the model's "
+                f"vocab_size is {target.config.vocab_size}"
+            )
         draft = None if args.baseline else load_model(args.draft)
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise CLIError(
+                f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
+                f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
+            )
         key = jax.random.key(args.seed)
         common = dict(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p,
         )
+        if not isinstance(tok, ByteTokenizer) and tok.eos_id is not None and tok.eos_id < target.config.vocab_size:
+            common["stop_tokens"] = (tok.eos_id,)  # real models: stop at end of text
+
+        stream = _Stream(tok)
+        common["on_round"] = stream  # the same object for both calls: one compilation
 
         def call():
             if args.baseline:
-                return gen.generate_autoregressive(key, target, [ids], **common)
-            return gen.generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, **common)
+                return generate_autoregressive(key, target, [ids], **common)
+            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, **common)
 
         t0 = time.perf_counter()
-        out = jax.block_until_ready(call())  # includes compilation
+        out = jax.block_until_ready(call())  # compiles, and runs once silently
         t_first = time.perf_counter() - t0
+        if not args.json:
+            sys.stdout.write(args.prompt)
+            sys.stdout.flush()
+            stream.enabled = True  # the timed run streams each round as it completes
         t0 = time.perf_counter()
-        out = jax.block_until_ready(call())  # compiled: the speed figure
+        out = jax.block_until_ready(call())
         t_run = time.perf_counter() - t0
         n = int(np.asarray(out.lengths)[0])
         new_ids = [int(t) for t in np.asarray(out.tokens)[0, :n]]
@@ -148,7 +205,7 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         if args.json:
             print(json.dumps(result))
         else:
-            sys.stdout.write(args.prompt + text + "\n")
+            stream.finish(text)
             print(
                 f"-- {result['mode']}: {n} tokens in {s['rounds']} rounds, "
                 f"tau {s['tau']:.2f} tokens/target call, {result['tokens_per_second']:.1f} tokens/s "
@@ -158,3 +215,40 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         return 0
 
     return run
+
+
+def _tokenizer(name: str, flag: str):
+    """The model's tokenizer.json (HFTokenizer) if its folder has one, else the byte tokenizer."""
+    from jaxspec.checkpoint import resolve_model_path
+    from jaxspec.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+    from jaxspec.tokenizer import ByteTokenizer
+
+    folder = resolve_model_path(name)
+    if not (folder / TOKENIZER_FILE).is_file():
+        return ByteTokenizer()
+    try:
+        return HFTokenizer.from_file(folder)
+    except ImportError as e:
+        raise CLIError(f"{flag} {name}: {e}") from None
+
+
+def _check_same_tokenizer(tok, dtok, args) -> None:
+    """Refuse a draft whose tokenizer differs from the target's (ids would mean other text)."""
+    from jaxspec.tokenizer import ByteTokenizer
+
+    def what(t):
+        return "the byte-level tokenizer (no tokenizer.json)" if isinstance(t, ByteTokenizer) else t.source
+
+    if isinstance(tok, ByteTokenizer) and isinstance(dtok, ByteTokenizer):
+        return
+    same = (
+        type(tok) is type(dtok)
+        and tok.vocab_size == dtok.vocab_size
+        and tok.vocab() == dtok.vocab()
+    )
+    if not same:
+        raise CLIError(
+            f"--draft {args.draft}: its vocabulary differs from the target's ({what(dtok)}, "
+            f"{dtok.vocab_size} tokens vs {what(tok)}, {tok.vocab_size} tokens); speculative decoding "
+            "needs a draft and a target that share one tokenizer"
+        )

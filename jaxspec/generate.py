@@ -136,6 +136,7 @@ class SpecConfig:
     max_new_tokens: int
     capacity: int
     hooks: _Hooks = _Hooks()
+    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per round
 
     @property
     def num_nodes(self) -> int:
@@ -162,6 +163,7 @@ class ARConfig:
     warp: Warp
     max_new_tokens: int
     capacity: int
+    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per step
 
 
 # --------------------------------------------------------------------------- loop helpers
@@ -282,6 +284,8 @@ def _spec_impl(
         dcache = commit(dcache, offsets, num)
 
         emit = _emit(m, stop_tokens, st.emit, res.tokens, res.num_tokens)
+        if cfg.on_round is not None:  # streaming: ordered host callback, once per round
+            jax.debug.callback(cfg.on_round, emit.out, emit.n_out, ordered=True)
         extra = jnp.take_along_axis(res.tokens, (res.num_tokens - 1)[:, None], axis=1)[:, 0]
         last_acc = jnp.take_along_axis(res.tokens, jnp.maximum(res.num_accepted - 1, 0)[:, None], axis=1)[:, 0]
         prev = jnp.where(res.num_accepted > 0, last_acc, st.root)
@@ -349,6 +353,8 @@ def _ar_impl(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_t
         was_active = st.emit.active
         cache = cache.replace(lengths=lengths + was_active.astype(jnp.int32))
         emit = _emit(m, stop_tokens, st.emit, tok[:, None], jnp.ones((b,), jnp.int32))
+        if cfg.on_round is not None:
+            jax.debug.callback(cfg.on_round, emit.out, emit.n_out, ordered=True)
         return _ARState(st.r + 1, jnp.where(was_active, tok, st.root), cache, emit)
 
     def cond(st: _ARState):
@@ -516,6 +522,7 @@ def generate(
     draft_top_k: int | None = None,
     draft_top_p: float | None = None,
     stop_tokens: Sequence[int] = (),
+    on_round: Callable | None = None,
 ) -> GenerateResult:
     """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
     the warped target alone (greedy target decoding at ``temperature=0``).
@@ -538,6 +545,10 @@ def generate(
         draft only *ranks* candidates) ``None`` means temperature 1 and no top-k/top-p.
         Either way ``q`` is the law actually sampled, so the output law is unchanged.
       stop_tokens: a row ends at its first stop token (included in the output).
+      on_round: optional host function ``f(tokens int32[B, max_new_tokens], lengths
+        int32[B])`` (numpy) called after every round, in order, for streaming output.
+        It is part of the compiled configuration: pass the same object to reuse the
+        compilation.
 
     Returns:
       :class:`GenerateResult` (device arrays; statistics are per row).
@@ -590,7 +601,7 @@ def generate(
         )
     tdef, tstate = nnx.split(target)
     ddef, dstate = nnx.split(draft)
-    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity)
+    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity, on_round=on_round)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
 
 
@@ -622,11 +633,13 @@ def generate_autoregressive(
     top_k: int | None = None,
     top_p: float | None = None,
     stop_tokens: Sequence[int] = (),
+    on_round: Callable | None = None,
 ) -> GenerateResult:
     """Target-only sampling (the baseline), same model code and output format as
     :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
     with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
-    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding."""
+    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``on_round`` as
+    in :func:`generate` (called after every token)."""
     _check_model("target", target)
     v = target.config.vocab_size
     key = _check_key(key)
@@ -637,7 +650,7 @@ def generate_autoregressive(
     capacity = tokens.shape[1] + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
     tdef, tstate = nnx.split(target)
-    cfg = ARConfig(tdef, warp, m, capacity)
+    cfg = ARConfig(tdef, warp, m, capacity, on_round=on_round)
     return _compiled(cfg)(
         tstate, key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
     )

@@ -204,3 +204,138 @@ def test_embedded_pair_sizes():
     assert flops_per_token(draft.config, ctx) <= flops_per_token(target.config, ctx) / 8
     total = sum(f.stat().st_size for d in ("default-target", "default-draft") for f in (MODELS_DIR / d).iterdir())
     assert total <= 25 * 2**20
+
+
+# ----------------------------------------------------------------------------- real-model families (issue 6)
+def _hf_cfg(arch, **kw):
+    cfg = config_to_hf(_config())
+    cfg.update(architectures=[arch], **kw)
+    return cfg
+
+
+def test_qwen2_config_has_qkv_bias():
+    cfg = _hf_cfg("Qwen2ForCausalLM", model_type="qwen2", use_sliding_window=False, sliding_window=None)
+    cfg.pop("attention_bias")
+    assert config_from_hf(cfg).attention_bias is True
+
+
+def test_rope_parameters_dict():
+    """transformers >= 5 writes rope_parameters instead of rope_theta."""
+    cfg = _hf_cfg("LlamaForCausalLM", rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    cfg.pop("rope_theta")
+    assert config_from_hf(cfg).rope_theta == 500.0
+    cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0}
+    with pytest.raises(ValueError, match="llama3"):
+        config_from_hf(cfg)
+
+
+def test_mistral_sliding_window(tmp_path):
+    model = init_model(_config(max_position_embeddings=64), jax.random.key(0))
+    save_model(model, tmp_path, extra_config={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                                              "sliding_window": 16})
+    with pytest.raises(ValueError, match=r"sliding attention window of 16 tokens.*max_context <= 16") as e:
+        load_model(tmp_path)
+    assert "config.json" in str(e.value)
+    with pytest.raises(ValueError, match="max_context = 32"):
+        load_model(tmp_path, max_context=32)
+    loaded = load_model(tmp_path, max_context=16)  # exact: sequences never exceed the window
+    assert loaded.config.max_position_embeddings == 16
+    np.testing.assert_array_equal(forward_logits(loaded, _tokens()), forward_logits(model, _tokens()))
+    # no window (Mistral v0.2+) or one covering the context: full attention, loads as is
+    for window in (None, 64):
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        cfg["sliding_window"] = window
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        assert load_model(tmp_path).config.max_position_embeddings == 64
+
+
+def test_qwen2_sliding_window_refused():
+    cfg = _hf_cfg("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=4, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM uses a sliding attention window of 4"):
+        config_from_hf(cfg)
+    cfg["use_sliding_window"] = False
+    assert config_from_hf(cfg).max_position_embeddings == 64
+    with pytest.raises(ValueError, match="max_context"):
+        config_from_hf(cfg, max_context=0)
+
+
+def _write_tokenizer(folder, words):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tok.save(str(folder / "tokenizer.json"))
+    return tok
+
+
+_WORDS = ["<unk>", "<eos>", "def", "f", "(", ")", ":", "x", "return", "+", "1"] + [f"w{i}" for i in range(20)]
+
+
+def test_hf_tokenizer(tmp_path):
+    from jaxspec.hf_tokenizer import HFTokenizer, load_tokenizer
+    from jaxspec.tokenizer import ByteTokenizer
+
+    _write_tokenizer(tmp_path, _WORDS)
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 1}))
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, HFTokenizer) and tok.vocab_size == len(_WORDS) and tok.eos_id == 1
+    ids = tok.encode("def f ( x ) : return x + 1")
+    assert ids == [2, 3, 4, 7, 5, 6, 8, 7, 9, 10]
+    assert tok.encode("x", add_eos=True) == [7, 1]
+    assert tok.decode(np.array(ids + [-1])) == "def f ( x ) : return x + 1"
+    assert isinstance(load_tokenizer("default-target"), ByteTokenizer)
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        HFTokenizer.from_file(tmp_path / "nope")
+
+
+def test_hf_tokenizer_not_installed(tmp_path, monkeypatch):
+    import sys
+
+    from jaxspec.hf_tokenizer import HFTokenizer
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match=r"jaxspec\[hf\]"):
+        HFTokenizer.from_file(tmp_path)
+
+
+def _pair(tmp_path, draft_vocab=40):
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    save_model(init_model(_config(max_position_embeddings=64), jax.random.key(0)), target)
+    save_model(init_model(_config(vocab_size=draft_vocab, num_hidden_layers=1, max_position_embeddings=64),
+                          jax.random.key(1)), draft)
+    return target, draft
+
+
+def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
+    from jaxspec.cli import main
+
+    target, draft = _pair(tmp_path)
+    for folder in (target, draft):
+        _write_tokenizer(folder, _WORDS)
+    argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f ( x ) :",
+            "--max-new-tokens", "6", "--temperature", "0", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_tokens"] == 6 and all(0 <= t < 40 for t in out["tokens"])
+    assert main(argv + ["--baseline"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == out["tokens"]  # greedy: same text
+    # a draft whose tokenizer.json differs is refused
+    _write_tokenizer(draft, _WORDS[:-1] + ["other"])
+    assert main(argv) == 2
+    assert "vocabulary differs" in capsys.readouterr().err
+    # so is a draft with the byte tokenizer
+    (draft / "tokenizer.json").unlink()
+    assert main(argv) == 2
+    assert "byte-level" in capsys.readouterr().err
+
+
+def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
+    from jaxspec.cli import main
+
+    target, draft = _pair(tmp_path, draft_vocab=48)
+    argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "ab", "--max-new-tokens", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "vocab_size 48 differs from the target's 40" in err and "Traceback" not in err
