@@ -26,7 +26,7 @@ from jaxspec.cli import CLIError, Handler, command
 
 __all__: list[str] = []
 
-DEFAULT_TREE = "branch:2,2,1,1"
+DEFAULT_TREE = "chain:4"  # fastest measured on the default pair (benchmarks/decode_speed.py)
 DEFAULT_TEMPERATURE = 0.8
 
 
