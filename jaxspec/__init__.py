@@ -66,6 +66,8 @@ _LAZY = {
     "stats": ("jaxspec.stats", None),
     "verify": ("jaxspec.exactness", "verify"),
     "VerifyReport": ("jaxspec.exactness", "VerifyReport"),
+    "HFTokenizer": ("jaxspec.hf_tokenizer", "HFTokenizer"),
+    "load_tokenizer": ("jaxspec.hf_tokenizer", "load_tokenizer"),
 }
 
 

@@ -1,0 +1,77 @@
+"""``jaxspec export MODEL OUT_DIR``: write a jaxspec model as a Hugging Face Llama folder.
+
+::
+
+    jaxspec export default-target out/default-target            # float32, one safetensors file
+    jaxspec export runs/draft/final out/draft --dtype bfloat16 --max-shard-mb 500
+
+``OUT_DIR`` gets ``config.json`` (``LlamaForCausalLM``) and ``model.safetensors`` (or
+shards + index) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads
+with the same logits, plus ``generation_config.json`` with the token ids. The byte-level
+tokenizer of the embedded models has no ``tokenizer.json``: encode text as UTF-8 bytes
+(``jaxspec.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
+``tokenizer_config.json`` / ``special_tokens_map.json``) is copied along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+
+from jaxspec.cli import CLIError, Handler, command
+
+__all__: list[str] = []
+
+_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "jaxspec_tokenizer")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+@command("export", help="write a model as a Hugging Face Llama folder (config.json + safetensors)")
+def _export(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("model", metavar="MODEL", help="embedded model name (default-target, default-draft) or folder")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created; existing weights replaced)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="stored dtype (default float32)")
+    p.add_argument("--max-shard-mb", type=_positive_int, default=None,
+                   help="split the weights into shards of at most this many MB (with an index)")
+
+    def run(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from jaxspec.checkpoint import load_model, read_config, resolve_model_path, save_model
+
+        src = resolve_model_path(args.model)
+        out = Path(args.out_dir)
+        if out.exists() and not out.is_dir():
+            raise CLIError(f"OUT_DIR {str(out)!r} is a file; expected a folder")
+        if out.exists() and out.resolve() == src.resolve():
+            raise CLIError(f"OUT_DIR {str(out)!r} is the source folder; choose another")
+        model = load_model(args.model)  # float32: the stored dtype is chosen below
+        src_cfg = read_config(args.model)
+        extra = {k: src_cfg[k] for k in _TOKEN_KEYS if k in src_cfg}
+        shard = None if args.max_shard_mb is None else args.max_shard_mb * 1_000_000
+        save_model(model, out, dtype=args.dtype, max_shard_bytes=shard, extra_config=extra)
+        gen_cfg = {k: extra[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if extra.get(k) is not None}
+        (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2, sort_keys=True) + "\n")
+        for name in _TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copyfile(src / name, out / name)
+        print(json.dumps({"model": args.model, "out_dir": str(out), "dtype": args.dtype,
+                          "params": model.config.num_params(),
+                          "files": sorted(p.name for p in out.iterdir())}))
+        print(f"export: wrote {out} (LlamaForCausalLM, {args.dtype})", file=sys.stderr)
+        return 0
+
+    return run
