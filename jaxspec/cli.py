@@ -56,44 +56,27 @@ def command(name: str, *, help: str):  # noqa: A002 (argparse's word)
 
 
 # ----------------------------------------------------------------------------- argument types
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def arg_type(convert, ok, what: str):
+    """An argparse ``type=``: ``convert`` the string, then require ``ok(value)``; the
+    message says what was expected and what was given."""
+
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+
+    parse.__name__ = what.replace(" ", "_")
+    return parse
 
 
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {s!r}")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {s!r}")
-    return v
-
-
-def _nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {s!r}")
-    return v
+_positive_int = arg_type(int, lambda v: v >= 1, "a positive integer")
+_nonneg_int = arg_type(int, lambda v: v >= 0, "a non-negative integer")
+_positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a positive number")
+_nonneg_float = arg_type(float, lambda v: 0 <= v < float("inf"), "a non-negative number")
 
 
 # ----------------------------------------------------------------------------- train / distill

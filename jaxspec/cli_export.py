@@ -20,22 +20,12 @@ import json
 import shutil
 import sys
 
-from jaxspec.cli import CLIError, Handler, command
+from jaxspec.cli import CLIError, Handler, _positive_int, command
 
 __all__: list[str] = []
 
 _TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "jaxspec_tokenizer")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
 
 
 @command("export", help="write a model as a Hugging Face Llama folder (config.json + safetensors)")

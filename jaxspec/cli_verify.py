@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxspec.cli import CLIError, Handler, _nonneg_float, _nonneg_int, _positive_int, command
+from jaxspec.cli import CLIError, Handler, _nonneg_float, _nonneg_int, _positive_int, arg_type, command
 
 __all__ = []
 
@@ -40,24 +40,8 @@ def _count(s: str) -> int:
     return v
 
 
-def _probability(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {s!r}") from None
-    if not 0.0 < v < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {s!r}")
-    return v
-
-
-def _top_p(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}") from None
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}")
-    return v
+_probability = arg_type(float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)")
+_top_p = arg_type(float, lambda x: 0.0 < x <= 1.0, "a number in (0, 1]")
 
 
 def _parse_prompt(text: str | None, vocab_size: int):
