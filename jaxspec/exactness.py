@@ -81,7 +81,7 @@ from jax.sharding import PartitionSpec as P
 from scipy import stats as _scipy_stats
 
 from jaxspec import mutants as _mutants
-from jaxspec import stats
+from jaxspec import sampling, stats
 from jaxspec.config import ModelConfig
 from jaxspec.model import Transformer, forward_logits, init_model
 from jaxspec.sampling import warp_probs
@@ -413,12 +413,11 @@ def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top
         raise ValueError(f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v}; "
                          f"scheme={scheme!r} needs distinct siblings")
     t_warp, t_temp = _gen._warp("", temperature, top_k, top_p)
-    d_def = (1.0, None, None) if scheme == "deterministic" else (temperature, top_k, top_p)
     d_warp, d_temp = _gen._warp(
         "draft_",
-        d_def[0] if draft_temperature is None else draft_temperature,
-        d_def[1] if draft_top_k is None else draft_top_k,
-        d_def[2] if draft_top_p is None else draft_top_p,
+        *sampling.draft_warp_args(
+            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+        ),
     )
     t = len(prompt)
     scratch = max(spec.num_nodes, spec.expansion_slots) if isinstance(spec, DynamicTree) else spec.num_nodes

@@ -579,15 +579,11 @@ def generate(
             f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
         )
     target_warp, t_temp = _warp("", temperature, top_k, top_p)
-    if scheme == "deterministic":
-        d_defaults = (1.0, None, None)
-    else:
-        d_defaults = (temperature, top_k, top_p)
     draft_warp, d_temp = _warp(
         "draft_",
-        d_defaults[0] if draft_temperature is None else draft_temperature,
-        d_defaults[1] if draft_top_k is None else draft_top_k,
-        d_defaults[2] if draft_top_p is None else draft_top_p,
+        *sampling.draft_warp_args(
+            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+        ),
     )
     stop = _check_stop(stop_tokens, v)
     tokens, lens = _prepare_prompts(prompts, v)

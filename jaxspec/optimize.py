@@ -484,11 +484,10 @@ def measure_acceptance(
     num_draws = _check_draws(scheme, key, num_draws)
     batch_size = _check_positive_int("batch_size", batch_size)
     target_warp = _warp_key(temperature, top_k, top_p)
-    d_defaults = (1.0, None, None) if scheme == "deterministic" else (temperature, top_k, top_p)
     draft_warp = _warp_key(
-        d_defaults[0] if draft_temperature is None else draft_temperature,
-        d_defaults[1] if draft_top_k is None else draft_top_k,
-        d_defaults[2] if draft_top_p is None else draft_top_p,
+        *sampling.draft_warp_args(
+            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+        )
     )
     tok = tok.astype(np.int32)
     b, t = tok.shape
