@@ -117,10 +117,12 @@ class _Hooks:
                   tree mask used by target verification.
     accept_rows:  ``(target_probs [N+1, V], draft_probs [N+1, V], parents [N]) ->
                   (target_probs, draft_probs)`` handed to the acceptance rule (one row).
+    accept_fn:    an acceptance rule with the signature of ``_accept_core`` (one row).
     """
 
     verify_mask: Callable | None = None
     accept_rows: Callable | None = None
+    accept_fn: Callable | None = None  # replaces _accept_core(key, parents, tokens, tp, dp, scheme)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +243,8 @@ def _spec_impl(
     def accept_one(k, parents, node_tokens, tp, dp):
         if hooks.accept_rows is not None:
             tp, dp = hooks.accept_rows(tp, dp, parents)
-        return _accept_core(k, parents, node_tokens, tp, dp, cfg.scheme)
+        core = _accept_core if hooks.accept_fn is None else hooks.accept_fn
+        return core(k, parents, node_tokens, tp, dp, cfg.scheme)
 
     def body(st: _SpecState) -> _SpecState:
         keys = jax.vmap(jax.random.split)(_fold_all(row_keys, st.r))  # [B, 2]

@@ -19,19 +19,15 @@ reused-uniform         the residual / bonus token reuses the uniform of  any tre
                        the last acceptance test instead of a fresh one
 =====================  ==================================================================
 
-How they plug in: ``depth-row`` and ``causal-mask`` use generate's test hooks
-(``_Hooks.accept_rows`` / ``_Hooks.verify_mask``); ``no-residual-update`` and
-``reused-uniform`` replace the acceptance function, which ``_Hooks`` has no slot for
-yet: the round function is rebound with another ``_accept_core`` (a copy of
-``generate._spec_impl`` with different globals; the library's function is untouched).
+How they plug in: through generate's test hooks, never the default path: ``depth-row``
+(``_Hooks.accept_rows``), ``causal-mask`` (``_Hooks.verify_mask``), ``no-residual-update``
+and ``reused-uniform`` (``_Hooks.accept_fn``, a replacement acceptance rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-import types
 
 import jax
 import jax.numpy as jnp
@@ -164,33 +160,15 @@ def _depth_rows(tp, dp, parents):
     return tp[src], dp[src]
 
 
-def _uses_global(code: types.CodeType, name: str) -> bool:
-    """Whether ``code`` or a function nested in it reads the global ``name``."""
-    return name in code.co_names or any(
-        _uses_global(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
-
-
-@functools.lru_cache(maxsize=None)
-def _rebound_impl(accept_name: str):
-    """``generate._spec_impl`` with ``_accept_core`` bound to a mutant rule."""
-    f = _gen._spec_impl
-    if not _uses_global(f.__code__, "_accept_core"):
-        raise RuntimeError("jaxspec.generate._spec_impl no longer calls _accept_core; update jaxspec.mutants")
-    core = {"no-residual-update": _accept_no_residual_update, "reused-uniform": _accept_reused_uniform}[accept_name]
-    glb = dict(f.__globals__)
-    glb["_accept_core"] = core
-    g = types.FunctionType(f.__code__, glb, f"{f.__name__}__{accept_name.replace('-', '_')}", f.__defaults__,
-                           f.__closure__)
-    g.__kwdefaults__ = f.__kwdefaults__
-    return g
-
-
 def spec_impl(name: str, cfg: _gen.SpecConfig):
     """``(cfg', impl)`` of mutant ``name``: ``impl(cfg', target_state, draft_state, key,
     tokens, lens, temperature, draft_temperature, stop_tokens) -> GenerateResult`` has the
     signature of ``generate._spec_impl`` (jit it with ``cfg'`` bound)."""
     check_mutant(name)
-    if name in ("no-residual-update", "reused-uniform"):
-        return cfg, _rebound_impl(name)
-    hooks = _gen._Hooks(verify_mask=_causal) if name == "causal-mask" else _gen._Hooks(accept_rows=_depth_rows)
+    hooks = {
+        "no-residual-update": _gen._Hooks(accept_fn=_accept_no_residual_update),
+        "reused-uniform": _gen._Hooks(accept_fn=_accept_reused_uniform),
+        "causal-mask": _gen._Hooks(verify_mask=_causal),
+        "depth-row": _gen._Hooks(accept_rows=_depth_rows),
+    }[name]
     return dataclasses.replace(cfg, hooks=hooks), _gen._spec_impl
