@@ -1,0 +1,51 @@
+"""Benchmarks of jaxspec, runnable from the installed package (``jaxspec bench``) or from
+the thin scripts in the repository's ``benchmarks/``.
+
+One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG),
+``run(size) -> report`` (size ``"full"``, ``"quick"`` or ``"tiny"``), ``headline(report)``,
+``table(report)`` (markdown) and ``plot(report, path)``:
+
+* :mod:`~jaxspec.bench.accept`: vmapped acceptance rule vs the random-number floor;
+* :mod:`~jaxspec.bench.decode`: speculative vs target-only tokens/s (trees, temperatures,
+  batch sizes);
+* :mod:`~jaxspec.bench.compile_time`: trace + compile time of the jitted entry points;
+* :mod:`~jaxspec.bench.harness`: peak memory vs sample count and samples/s of the
+  exactness harness.
+
+Example::
+
+    from jaxspec.bench import BENCHMARKS, run_benchmark
+    report, paths = run_benchmark("accept", "tiny", "bench-results")
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["BENCHMARKS", "benchmark_module", "run_benchmark"]
+
+#: short name -> module (in the order ``jaxspec bench`` runs them)
+BENCHMARKS = {
+    "accept": "jaxspec.bench.accept",
+    "decode": "jaxspec.bench.decode",
+    "compile": "jaxspec.bench.compile_time",
+    "harness": "jaxspec.bench.harness",
+}
+
+
+def benchmark_module(name: str):
+    """The module of benchmark ``name`` (a key of :data:`BENCHMARKS`)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"benchmark = {name!r}: expected one of {', '.join(BENCHMARKS)}")
+    return importlib.import_module(BENCHMARKS[name])
+
+
+def run_benchmark(name: str, size: str, out_dir) -> tuple[dict, dict]:
+    """Run benchmark ``name`` at ``size`` and write its JSON and PNG under ``out_dir``.
+    Returns ``(report, {"json": path, "png": path})``."""
+    from jaxspec.bench import common  # noqa: PLC0415
+
+    mod = benchmark_module(name)
+    common.check_size(size)
+    report = mod.run(size)
+    return report, common.write_report(report, out_dir, mod.NAME, mod.plot)

@@ -1,0 +1,183 @@
+"""Throughput of the vmapped acceptance rule vs the random-number floor.
+
+For each case ``(N, V, batch)``, tree and sibling scheme: tree-rounds per second of
+``jax.jit(jax.vmap(speculative_accept))`` over a batch of independent chains (each with its
+own probability rows ``p, q: float32[batch, N + 1, V]`` and tokens ``int32[batch, N]``),
+next to the throughput of merely drawing the same random numbers (the key split, N
+acceptance uniforms and one residual uniform per round) in the same run. Median of
+repeats after a warm-up compile (:func:`jaxspec.bench.common.time_call`).
+
+JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
+accept_rounds_per_s, rng_floor_rounds_per_s, fraction_of_floor}``; the headline figures
+(N = 8, V = 32, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with
+the floor as a line.
+
+    report = run("tiny")
+    report["headline"]["accept_rounds_per_s"] > 0    # True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+import jaxspec
+from jaxspec.bench import common
+
+__all__ = ["NAME", "AcceptBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
+
+NAME = "accept_throughput"
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptBenchConfig:
+    """cases: ``(N, V, batch, {tree name: parents spec})``; a parents spec is
+    ``("chain", k)`` or ``("branching", widths)``."""
+
+    cases: tuple
+    repeats: int
+    min_time: float
+    schemes: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
+
+
+_SMALL = (8, 32, 4096, (("chain", ("chain", 8)), ("tree(2,3)", ("branching", (2, 3)))))
+_LARGE = (64, 32000, 8, (("chain", ("chain", 64)), ("tree(4,3,4)", ("branching", (4, 3, 4)))))
+CONFIGS = {
+    "full": AcceptBenchConfig(cases=(_SMALL, _LARGE), repeats=7, min_time=0.2),
+    "quick": AcceptBenchConfig(cases=(_SMALL, _LARGE), repeats=3, min_time=0.2),
+    "tiny": AcceptBenchConfig(cases=((8, 32, 512, (("chain", ("chain", 8)),)),), repeats=1, min_time=0.02),
+}
+#: the case whose figures are the headline (``jaxspec bench`` top-level keys)
+HEADLINE = {"N": 8, "V": 32, "tree": "chain", "scheme": "iid"}
+
+
+def _parents(spec) -> jax.Array:
+    kind, arg = spec
+    return jaxspec.chain(arg) if kind == "chain" else jaxspec.branching(arg)
+
+
+def _inputs(n: int, v: int, batch: int, seed: int = 0):
+    """p, q: float32[batch, n + 1, v] random laws; toks: int32[batch, n]."""
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    p = jax.nn.softmax(jax.random.normal(k1, (batch, n + 1, v)) * 2.0, axis=-1)
+    q = jax.nn.softmax(jax.random.normal(k2, (batch, n + 1, v)) * 2.0, axis=-1)
+    toks = jax.random.randint(k3, (batch, n), 0, v, jnp.int32)
+    return p, q, toks
+
+
+def _floor_fn(n: int):
+    """keys[B] -> float32[B]: draws exactly what one round needs (split, N + 1 uniforms)."""
+
+    @jax.jit
+    def floor(keys):
+        def one(key):
+            ka, ke = jax.random.split(key)
+            return jnp.sum(jax.random.uniform(ka, (n,))) + jax.random.uniform(ke, ())
+
+        return jax.vmap(one)(keys)
+
+    return floor
+
+
+def _accept_fn(parents, scheme: str):
+    """(keys[B], toks[B, N], p[B, N+1, V], q[B, N+1, V]) -> int32[B, N + 1] emitted tokens."""
+    return jax.jit(jax.vmap(
+        lambda k, t, pp, qq: jaxspec.speculative_accept(k, parents, t, pp, qq, scheme=scheme).tokens
+    ))
+
+
+def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict:
+    """Measure every case, tree and scheme of ``CONFIGS[size]`` (or of ``config``); returns
+    the report."""
+    cfg = CONFIGS[common.check_size(size)] if config is None else config
+    rows = []
+    for n, v, batch, trees in cfg.cases:
+        p, q, toks = _inputs(n, v, batch)
+        keys = jax.random.split(jax.random.key(1), batch)
+        t_floor = common.time_call(_floor_fn(n), keys, repeats=cfg.repeats, min_time=cfg.min_time)
+        for tree_name, spec in trees:
+            parents = _parents(spec)
+            for scheme in cfg.schemes:
+                t = common.time_call(_accept_fn(parents, scheme), keys, toks, p, q, repeats=cfg.repeats,
+                                     min_time=cfg.min_time)
+                rows.append({
+                    "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
+                    "accept_rounds_per_s": batch / t,
+                    "rng_floor_rounds_per_s": batch / t_floor,
+                    "fraction_of_floor": t_floor / t,
+                })
+                common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
+                           f"{batch / t:14,.0f} rounds/s   floor {batch / t_floor:14,.0f}   "
+                           f"{t_floor / t:6.3f} of floor")
+    report = {
+        "benchmark": NAME,
+        "size": size,
+        "quick": size != "full",
+        "repeats": cfg.repeats,
+        "machine": common.machine_info(),
+        "rows": rows,
+    }
+    report["headline"] = headline(report)
+    return report
+
+
+def headline(report: dict) -> dict:
+    """``accept_rounds_per_s``, ``rng_floor_rounds_per_s``, ``fraction_of_floor`` of the
+    :data:`HEADLINE` case (N = 8, V = 32, chain, iid)."""
+    for r in report["rows"]:
+        if all(r[k] == v for k, v in HEADLINE.items()):
+            return {k: r[k] for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor")}
+    raise ValueError(f"report: no row for the headline case {HEADLINE}")
+
+
+def table(report: dict) -> str:
+    """Markdown table: one line per (case, tree), schemes as columns (rounds/s, fraction)."""
+    schemes = list(dict.fromkeys(r["scheme"] for r in report["rows"]))
+    lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor |",
+             "|---" * (5 + len(schemes)) + "|"]
+    groups: dict[tuple, dict] = {}
+    for r in report["rows"]:
+        groups.setdefault((r["N"], r["V"], r["batch"], r["tree"]), {})[r["scheme"]] = r
+    for (n, v, b, tree), by in groups.items():
+        cells = [f"{_rate(by[s]['accept_rounds_per_s'])} ({by[s]['fraction_of_floor']:.2f})" if s in by else "-"
+                 for s in schemes]
+        floor = next(iter(by.values()))["rng_floor_rounds_per_s"]
+        lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells) + f" | {_rate(floor)} |")
+    return "\n".join(lines)
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1e6:.2f} M/s" if x >= 1e6 else f"{x:,.0f}/s"
+
+
+def plot(report: dict, path) -> None:
+    """Bars of rounds/s (log scale) per (case, tree) and scheme; the floor as a black tick."""
+    plt = common.pyplot()
+    rows = report["rows"]
+    groups = list(dict.fromkeys((r["N"], r["V"], r["tree"]) for r in rows))
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    width = 0.8 / len(schemes)
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.5))
+    for j, s in enumerate(schemes):
+        xs, ys = [], []
+        for i, g in enumerate(groups):
+            for r in rows:
+                if (r["N"], r["V"], r["tree"]) == g and r["scheme"] == s:
+                    xs.append(i - 0.4 + width * (j + 0.5))
+                    ys.append(r["accept_rounds_per_s"])
+        ax.bar(xs, ys, width, label=s)
+    for i, g in enumerate(groups):
+        floor = next(r["rng_floor_rounds_per_s"] for r in rows if (r["N"], r["V"], r["tree"]) == g)
+        ax.hlines(floor, i - 0.45, i + 0.45, color="k", lw=2, label="RNG floor" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(groups)), [f"N={n} V={v}\n{t}" for n, v, t in groups], fontsize=8)
+    ax.set_ylabel("tree-rounds / s")
+    m = report["machine"]
+    ax.set_title(f"vmapped acceptance vs RNG floor ({m['backend']}, {m['cpu_count']} cores, {report['size']})",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

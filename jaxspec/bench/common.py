@@ -1,0 +1,203 @@
+"""Shared plumbing of the benchmarks: timing, machine description, reports, plots.
+
+Timing rules (every benchmark follows them):
+
+* a warm-up call first (it traces and compiles), then timed calls, each ended by
+  ``jax.block_until_ready``; the figure is the **median** over repeats;
+* when two things are compared (speculative vs target-only), they take turns
+  (:func:`interleaved`), so that a changing machine load hits both alike.
+
+A report is a JSON-able dict with at least ``benchmark``, ``size`` and ``machine``
+(:func:`machine_info`); :func:`write_report` writes ``<name>.json`` and ``<name>.png``::
+
+    t = time_call(jax.jit(lambda x: x + 1), jnp.ones(3), repeats=3)   # seconds per call
+    report = {"benchmark": "demo", "size": "tiny", "machine": machine_info(), "t": t}
+    paths = write_report(report, "bench-results", "demo", plot)   # plot(report, png_path)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+import jax
+
+__all__ = [
+    "SIZES",
+    "check_size",
+    "log",
+    "time_call",
+    "interleaved",
+    "machine_info",
+    "default_out_dir",
+    "write_report",
+    "jsonable",
+    "pyplot",
+]
+
+#: benchmark sizes: ``full`` (the published figures), ``quick`` (minutes on 2 CPU cores),
+#: ``tiny`` (seconds; exercises the code paths in tests, figures meaningless)
+SIZES = ("full", "quick", "tiny")
+
+
+def check_size(size: str) -> str:
+    """Validate a ``size`` argument (one of :data:`SIZES`)."""
+    if size not in SIZES:
+        raise ValueError(f"size = {size!r}: expected one of {', '.join(SIZES)}")
+    return size
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr (stdout is kept for results, e.g. ``--json``)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def time_call(fn: Callable, *args, repeats: int, min_time: float = 0.2) -> float:
+    """Median seconds per call of ``fn(*args)`` after one warm-up (compile) call.
+
+    Each repeat calls ``fn`` back to back until ``min_time`` seconds have passed (at least
+    once) and divides by the number of calls, so sub-millisecond kernels are timed too.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        calls = 0
+        while True:
+            jax.block_until_ready(fn(*args))
+            calls += 1
+            if time.perf_counter() - t0 >= min_time:
+                break
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
+    """Median wall seconds of each ``fn(i)`` (``i`` = repeat index, e.g. a seed), the
+    functions taking turns, after one warm-up call ``fn(-1)`` each.
+
+    Returns ``({name: median seconds}, {name: output of the last timed call})``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
+    for f in fns.values():
+        jax.block_until_ready(f(-1))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    outs = {}
+    for i in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            outs[k] = jax.block_until_ready(f(i))
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    """Where the figures come from: OS, CPU, core count, Python/jax versions, device."""
+    dev = jax.devices()[0]
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every OS
+        load = None
+    return {
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        "backend": jax.default_backend(),
+        "device": str(dev),
+        "device_kind": getattr(dev, "device_kind", str(dev)),
+        "device_count": jax.device_count(),
+        "load_average": load,  # 1, 5, 15 min when the report was made: a busy machine shows here
+    }
+
+
+def _jaxlib_version() -> str | None:
+    try:
+        import jaxlib  # noqa: PLC0415
+
+        return jaxlib.__version__
+    except Exception:  # pragma: no cover
+        return None
+
+
+def default_out_dir() -> pathlib.Path:
+    """``benchmarks/results`` when run from the repository root, else ``./bench-results``."""
+    cwd = pathlib.Path.cwd()
+    if (cwd / "benchmarks").is_dir() and (cwd / "pyproject.toml").is_file() and (cwd / "jaxspec").is_dir():
+        return cwd / "benchmarks" / "results"
+    return cwd / "bench-results"
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def jsonable(x):
+    """NaN/inf are not JSON: write them as null (a benchmark never produces them on purpose)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+def write_report(report: dict, out_dir, name: str, plot: Callable[[dict, pathlib.Path], None]) -> dict:
+    """Write ``out_dir/<name>.json`` and the figure ``out_dir/<name>.png`` (made by
+    ``plot(report, path)``); returns ``{"json": path, "png": path}`` as strings."""
+    import json  # noqa: PLC0415
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jpath, ppath = out / f"{name}.json", out / f"{name}.png"
+    jpath.write_text(json.dumps(jsonable(report), indent=2) + "\n")
+    plot(report, ppath)
+    return {"json": str(jpath), "png": str(ppath)}
+
+
+def script_main(name: str, argv=None, *, default_out=None) -> int:
+    """Entry point of the thin scripts in ``benchmarks/``: ``[--quick] [--out DIR]``; runs
+    benchmark ``name`` (a key of :data:`jaxspec.bench.BENCHMARKS`), writes its JSON and PNG
+    and prints its markdown table."""
+    import argparse  # noqa: PLC0415
+
+    from jaxspec.bench import benchmark_module, run_benchmark  # noqa: PLC0415
+
+    mod = benchmark_module(name)
+    p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")
+    p.add_argument("--out", default=str(default_out or default_out_dir()),
+                   help="folder for <name>.json and <name>.png (default: %(default)s)")
+    args = p.parse_args(argv)
+    report, files = run_benchmark(name, "quick" if args.quick else "full", args.out)
+    print(mod.table(report))
+    print(f"wrote {files['json']} and {files['png']}")
+    return 0

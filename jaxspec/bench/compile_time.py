@@ -1,0 +1,198 @@
+"""Compile time of the jitted entry points.
+
+For :func:`jaxspec.generate` (a chain, a static tree and a dynamic tree) and
+:func:`jaxspec.generate_autoregressive` on the embedded default pair (batch 1), and for the
+vmapped acceptance rule (``jax.jit(jax.vmap(speculative_accept))``, N = 8, V = 32, batch
+4096, chain, ``iid``):
+
+* ``first_call_s``: wall time of the first call after ``jax.clear_caches()`` (trace +
+  lower + compile + one run);
+* ``steady_call_s``: median wall time of the same call once compiled;
+* ``compile_s = first_call_s - steady_call_s``: what compilation costs the first call.
+
+For the acceptance rule the ahead-of-time stages are also timed separately:
+``jax.jit(f).lower(*args)`` (``lower_s``: trace and lowering to StableHLO) and
+``.compile()`` (``backend_compile_s``: XLA).
+
+JSON (``compile_time.json``): ``rows`` of ``{name, kind, first_call_s, steady_call_s,
+compile_s}`` (+ ``lower_s``, ``backend_compile_s`` where timed). Plot: horizontal bars of
+compile and steady time per entry point.
+
+    report = run("tiny")
+    all(r["compile_s"] > 0 for r in report["rows"])    # True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+
+import jaxspec
+from jaxspec.bench import common
+
+gen = importlib.import_module("jaxspec.generate")
+
+__all__ = ["NAME", "CompileBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
+
+NAME = "compile_time"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileBenchConfig:
+    """trees: tree specs timed through :func:`jaxspec.generate` (may be empty);
+    models: ``"default"`` (embedded pair) or ``"tiny"`` (small random pair)."""
+
+    trees: tuple[str, ...]
+    max_new_tokens: int
+    repeats: int
+    models: str = "default"
+    accept_case: tuple[int, int, int] = (8, 32, 4096)  # N, V, batch
+
+
+CONFIGS = {
+    "full": CompileBenchConfig(trees=("chain:4", "branch:3,2,1", "dynamic:depth=4,topk=4,nodes=16"),
+                               max_new_tokens=128, repeats=5),
+    "quick": CompileBenchConfig(trees=("chain:4", "branch:2,2", "dynamic:depth=3,topk=2,nodes=6"),
+                                max_new_tokens=32, repeats=3),
+    "tiny": CompileBenchConfig(trees=(), max_new_tokens=8, repeats=1, models="tiny", accept_case=(8, 32, 256)),
+}
+
+
+def _first_and_steady(call: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """(seconds of the first call after clearing every jit cache, median of ``repeats``
+    steady calls)."""
+    jax.clear_caches()
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def _models(kind: str):
+    if kind == "tiny":
+        from jaxspec.exactness import default_pair  # noqa: PLC0415
+
+        return default_pair(0, vocab_size=264, hidden_size=32), "tiny random pair (exactness.default_pair, V=264)"
+    return (jaxspec.load_model("default-target"), jaxspec.load_model("default-draft")), "default-target/draft"
+
+
+def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dict:
+    """Time the first and steady calls of every entry point of ``CONFIGS[size]`` (or of
+    ``config``)."""
+    cfg = CONFIGS[common.check_size(size)] if config is None else config
+    (target, draft), models = _models(cfg.models)
+    prompt = [jaxspec.ByteTokenizer().encode("The history of the city begins with", add_bos=True)]
+    m = cfg.max_new_tokens
+    rows = []
+
+    def record(row):
+        row["compile_s"] = row["first_call_s"] - row["steady_call_s"]
+        rows.append(row)
+        common.log(f"compile: {row['name']:40s} first call {row['first_call_s']:7.2f} s, steady "
+                   f"{row['steady_call_s'] * 1e3:8.2f} ms -> compile {row['compile_s']:6.2f} s")
+
+    for tree in cfg.trees:
+        spec = jaxspec.parse_tree(tree)
+        scheme = "deterministic" if isinstance(spec, jaxspec.DynamicTree) else "without_replacement"
+
+        def call(spec=spec, scheme=scheme):
+            return jaxspec.generate(jax.random.key(0), target, draft, prompt, max_new_tokens=m, tree=spec,
+                                    scheme=scheme, temperature=1.0)
+
+        first, steady = _first_and_steady(call, cfg.repeats)
+        record({"name": f"generate {tree}", "kind": "generate", "tree": tree, "scheme": scheme,
+                "first_call_s": first, "steady_call_s": steady})
+
+    def ar():
+        return jaxspec.generate_autoregressive(jax.random.key(0), target, prompt, max_new_tokens=m, temperature=1.0)
+
+    first, steady = _first_and_steady(ar, cfg.repeats)
+    record({"name": "generate_autoregressive", "kind": "generate_autoregressive", "first_call_s": first,
+            "steady_call_s": steady})
+
+    rows.append(_accept_row(*cfg.accept_case, cfg.repeats))
+    r = rows[-1]
+    common.log(f"compile: {r['name']:40s} first call {r['first_call_s']:7.2f} s (lower {r['lower_s']:.2f} s + "
+               f"compile {r['backend_compile_s']:.2f} s), steady {r['steady_call_s'] * 1e3:8.3f} ms")
+    report = {
+        "benchmark": NAME,
+        "size": size,
+        "quick": size != "full",
+        "machine": common.machine_info(),
+        "models": models,
+        "max_new_tokens": m,
+        "repeats": cfg.repeats,
+        "rows": rows,
+    }
+    report["headline"] = headline(report)
+    return report
+
+
+def _accept_row(n: int, v: int, batch: int, repeats: int) -> dict:
+    """First/steady call and the AOT stages of the vmapped acceptance rule."""
+    from jaxspec.bench.accept import _accept_fn, _inputs  # noqa: PLC0415
+
+    p, q, toks = _inputs(n, v, batch)  # [B, N + 1, V], [B, N + 1, V], [B, N]
+    keys = jax.random.split(jax.random.key(1), batch)
+    parents = jaxspec.chain(n)
+    first, steady = _first_and_steady(lambda: _accept_fn(parents, "iid")(keys, toks, p, q), repeats)
+    jax.clear_caches()
+    t0 = time.perf_counter()
+    lowered = _accept_fn(parents, "iid").lower(keys, toks, p, q)
+    t_lower = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lowered.compile()
+    t_compile = time.perf_counter() - t0
+    return {"name": f"vmap(speculative_accept) N={n} V={v} B={batch}", "kind": "accept", "N": n, "V": v,
+            "batch": batch, "scheme": "iid", "first_call_s": first, "steady_call_s": steady,
+            "compile_s": first - steady, "lower_s": t_lower, "backend_compile_s": t_compile}
+
+
+def headline(report: dict) -> dict:
+    """Compile seconds of the default CLI path (``generate chain:4``, when measured), of
+    target-only generation and of the acceptance rule."""
+    by = {r["name"]: r for r in report["rows"]}
+    out = {"generate_autoregressive_compile_s": by["generate_autoregressive"]["compile_s"],
+           "accept_compile_s": next(r["compile_s"] for r in report["rows"] if r["kind"] == "accept")}
+    if "generate chain:4" in by:
+        out["generate_compile_s"] = by["generate chain:4"]["compile_s"]
+    return out
+
+
+def table(report: dict) -> str:
+    """Markdown table: entry point, first call, steady call, compile."""
+    lines = ["| entry point | first call | steady call | compile (first - steady) |", "|---|---|---|---|"]
+    for r in report["rows"]:
+        extra = (f" (lower {r['lower_s']:.2f} s + XLA {r['backend_compile_s']:.2f} s)" if "lower_s" in r else "")
+        lines.append(f"| {r['name']} | {r['first_call_s']:.2f} s | {r['steady_call_s'] * 1e3:.1f} ms | "
+                     f"{r['compile_s']:.2f} s{extra} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    """Horizontal bars: compile seconds and steady-call seconds per entry point."""
+    plt = common.pyplot()
+    rows = report["rows"]
+    y = range(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.5))
+    ax.barh([i + 0.2 for i in y], [r["compile_s"] for r in rows], 0.4, label="compile (first - steady call)")
+    ax.barh([i - 0.2 for i in y], [r["steady_call_s"] for r in rows], 0.4, label="steady call")
+    ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=8)
+    ax.set_xlabel("seconds")
+    m = report["machine"]
+    ax.set_title(f"compile time ({m['backend']}, {m['cpu_count']} cores, {report['size']}, {report['models']})",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,191 @@
+"""jaxspec.bench and `jaxspec bench`: each benchmark at its tiny size writes its documented
+JSON fields (positive, finite) and a PNG; the CLI prints one JSON object; bad input is a
+clean error. Figures at tiny sizes mean nothing; the slow tests run the fuller paths."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from jaxspec.bench import BENCHMARKS, benchmark_module, common, run_benchmark
+from jaxspec.cli import main
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _check_files(files, name):
+    with open(files["json"]) as f:
+        on_disk = json.load(f)
+    assert on_disk["benchmark"] == name
+    with open(files["png"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    return on_disk
+
+
+def _check_machine(m):
+    for k in ("platform", "processor", "cpu_count", "jax", "backend", "device"):
+        assert m[k], k
+
+
+def test_decode_tiny(tmp_path):
+    from jaxspec.bench.decode import ROW_FIELDS
+
+    report, files = run_benchmark("decode", "tiny", tmp_path)
+    on_disk = _check_files(files, "decode_speed")
+    (row,) = on_disk["results"]
+    assert set(ROW_FIELDS) <= set(row)
+    for k in ("tau", "tokens_per_s", "target_only_tokens_per_s", "speedup", "ideal_speedup", "t_target_step_ms",
+              "t_draft_step_ms", "t_verify_ms", "target_only_ms_per_token", "seconds_per_call", "rounds"):
+        assert _positive(row[k]), (k, row[k])
+    assert (row["batch"], row["temperature"], row["tree"], row["kind"]) == (1, 0.0, "chain:4", "chain")
+    assert 1.0 <= row["tau"] <= 5.0 and row["parents"] == [-1, 0, 1, 2]
+    h = on_disk["headline"]
+    assert h["decode_speedup"] == pytest.approx(row["speedup"]) and h["tau"] == pytest.approx(row["tau"])
+    assert "chain:4" in benchmark_module("decode").table(report)
+
+
+def test_decode_optimized_tree_matches_budget_and_beats_its_static_tree():
+    from jaxspec.bench import decode
+    from jaxspec.treespec import parse_tree
+
+    cfg = decode.CONFIGS["tiny"]
+    target, draft, _ = decode._models("tiny")
+    for temp in (0.0, 1.0):
+        acc = decode._acceptance(target, draft, cfg, temp)
+        assert len(acc["mean"]) == cfg.max_rank and acc["num_positions"] > 0
+        assert all(0.0 <= a <= 1.0 for a in acc["mean"]) and sum(acc["mean"]) <= 1.0 + 1e-6
+        opt = decode._optimized(acc, cfg.optimized_like)
+        like = parse_tree(cfg.optimized_like)
+        spec, label, kind = decode._resolve(decode.OPTIMIZED, opt)
+        assert (spec.num_nodes, kind, label) == (like.num_nodes, "optimized", f"optimized({cfg.optimized_like})")
+        assert spec.depth <= like.depth
+        # the optimum over trees of this budget and depth includes the static tree itself
+        assert opt["expected_tokens"] >= opt["like_expected_tokens"] - 1e-12
+
+
+def test_compile_tiny(tmp_path):
+    report, files = run_benchmark("compile", "tiny", tmp_path)
+    on_disk = _check_files(files, "compile_time")
+    kinds = {r["kind"]: r for r in on_disk["rows"]}
+    assert set(kinds) == {"generate_autoregressive", "accept"}
+    for r in on_disk["rows"]:
+        for k in ("first_call_s", "steady_call_s", "compile_s"):
+            assert _positive(r[k]), (k, r)
+        assert r["compile_s"] == pytest.approx(r["first_call_s"] - r["steady_call_s"])
+    assert _positive(kinds["accept"]["lower_s"]) and _positive(kinds["accept"]["backend_compile_s"])
+    assert _positive(on_disk["headline"]["accept_compile_s"])
+
+
+def test_rss_readings():
+    from jaxspec.bench.harness import peak_rss_mb, rss_mb
+
+    now, peak = rss_mb(), peak_rss_mb()
+    assert _positive(now) and _positive(peak) and peak >= now * 0.99
+
+
+def test_cli_json_tiny(tmp_path, capsys):
+    assert main(["bench", "--tiny", "--json", "--only", "accept", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1
+    result = json.loads(out)
+    for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "decode_speedup", "tau", "machine", "benchmarks"):
+        assert k in result, k
+    assert _positive(result["accept_rounds_per_s"]) and _positive(result["rng_floor_rounds_per_s"])
+    assert result["decode_speedup"] is None and result["tau"] is None  # not run
+    assert list(result["benchmarks"]) == ["accept"] and result["size"] == "tiny"
+    # the accept benchmark's own report and files
+    files = result["benchmarks"]["accept"]["files"]
+    assert files == {"json": str(tmp_path / "accept_throughput.json"), "png": str(tmp_path / "accept_throughput.png")}
+    on_disk = _check_files(files, "accept_throughput")
+    _check_machine(on_disk["machine"])
+    assert {r["scheme"] for r in on_disk["rows"]} == {"iid", "without_replacement", "deterministic"}
+    for r in on_disk["rows"]:
+        for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor"):
+            assert _positive(r[k]), (k, r)
+        assert r["fraction_of_floor"] == pytest.approx(r["accept_rounds_per_s"] / r["rng_floor_rounds_per_s"])
+    assert on_disk["headline"]["accept_rounds_per_s"] == pytest.approx(result["accept_rounds_per_s"])
+    assert "| 8 | 32 |" in benchmark_module("accept").table(on_disk)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--only", "nope"], "invalid choice: 'nope'"),
+        (["--quick", "--tiny"], "not allowed with argument"),
+        (["--only"], "expected at least one argument"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_cli_bad_arguments(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_out_is_a_file(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["bench", "--tiny", "--only", "accept", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "expected a folder" in err
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="benchmark = 'nope'"):
+        benchmark_module("nope")
+    with pytest.raises(ValueError, match="size = 'huge'"):
+        common.check_size("huge")
+    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness"}
+
+
+# ----------------------------------------------------------------------------- slow: fuller paths
+
+
+@pytest.mark.slow
+def test_harness_tiny(tmp_path):
+    report, files = run_benchmark("harness", "tiny", tmp_path)
+    on_disk = _check_files(files, "harness_memory")
+    assert [p["num_samples"] for p in on_disk["points"]] == [512, 1024]
+    for p in on_disk["points"]:
+        for k in ("peak_rss_mb", "baseline_rss_mb", "growth_mb", "samples_per_s", "target_only_samples_per_s"):
+            assert _positive(p[k]), (k, p)
+        assert p["blocks"] >= 2 and p["passed"]
+    assert _positive(on_disk["headline"]["harness_samples_per_s"])
+    # streaming: memory does not grow with the number of samples
+    assert on_disk["growth_ratio"] < 1.5
+
+
+@pytest.mark.slow
+def test_decode_every_tree_kind_batch_and_temperature(tmp_path):
+    from jaxspec.bench import decode
+
+    cfg = dataclasses.replace(
+        decode.CONFIGS["tiny"],
+        runs=((1, ("chain:4", decode.OPTIMIZED, "dynamic:depth=2,topk=2,nodes=3")), (8, ("chain:4",))),
+        temperatures=(0.0, 1.0),
+    )
+    report = decode.run("tiny", config=cfg)
+    assert len(report["results"]) == 8
+    assert {r["kind"] for r in report["results"]} == {"chain", "optimized", "dynamic"}
+    assert {(r["batch"], r["temperature"]) for r in report["results"]} == {(1, 0.0), (1, 1.0), (8, 0.0), (8, 1.0)}
+    for r in report["results"]:
+        assert _positive(r["speedup"]) and _positive(r["tau"])
+        assert (r["model_tau"] is None) == (r["kind"] == "dynamic")
+    assert len(report["prompt_lens"]["8"]) == 8
+    assert len(set(report["prompt_lens"]["8"])) > 1  # of different lengths
+    decode.plot(report, tmp_path / "d.png")
+
+
+@pytest.mark.slow
+def test_compile_generate_tiny(tmp_path):
+    from jaxspec.bench import compile_time
+
+    cfg = dataclasses.replace(compile_time.CONFIGS["tiny"], trees=("chain:4", "dynamic:depth=2,topk=2,nodes=3"))
+    report = compile_time.run("tiny", config=cfg)
+    assert _positive(report["headline"]["generate_compile_s"])
+    assert all(_positive(r["compile_s"]) for r in report["rows"])
