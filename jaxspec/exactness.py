@@ -81,11 +81,11 @@ from jax.sharding import PartitionSpec as P
 from scipy import stats as _scipy_stats
 
 from jaxspec import mutants as _mutants
-from jaxspec import sampling, stats
+from jaxspec import stats
 from jaxspec.config import ModelConfig
 from jaxspec.model import Transformer, forward_logits, init_model
 from jaxspec.sampling import warp_probs
-from jaxspec.treespec import DynamicTree, StaticTree, resolve_tree
+from jaxspec.treespec import DynamicTree, StaticTree
 
 # the module, not the function that jaxspec/__init__ may re-export under the same name
 _gen = importlib.import_module("jaxspec.generate")
@@ -376,7 +376,7 @@ def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequenc
 
 @dataclasses.dataclass(frozen=True)
 class _Setup:
-    """Validated inputs of one verification (plain Python; built before any tracing)."""
+    """The compiled configurations of one verification and its validated warps."""
 
     spec_cfg: _gen.SpecConfig
     first_cfg: _gen.SpecConfig  # the same, with a budget of one token: one round
@@ -393,42 +393,18 @@ def _is_int(x) -> bool:
 
 def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
            draft_temperature, draft_top_k, draft_top_p) -> _Setup:
-    """The configurations :func:`jaxspec.generate` / ``generate_autoregressive`` build for
-    ``S`` copies of ``prompt`` and ``max_new_tokens = horizon`` (mirrors their checks)."""
-    _gen._check_model("target", target)
-    _gen._check_model("draft", draft)
-    v = target.config.vocab_size
-    if draft.config.vocab_size != v:
-        raise ValueError(f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}")
-    if scheme not in _gen.SCHEMES:
-        raise ValueError(f"scheme = {scheme!r}: expected one of {_gen.SCHEMES}")
-    spec = resolve_tree(tree)
-    if isinstance(spec, DynamicTree):
-        if scheme != "deterministic":
-            raise ValueError(f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                             "scheme='deterministic'")
-        if spec.topk > v:
-            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
-    elif scheme != "iid" and spec.max_siblings > v:
-        raise ValueError(f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v}; "
-                         f"scheme={scheme!r} needs distinct siblings")
-    t_warp, t_temp = _gen._warp("", temperature, top_k, top_p)
-    d_warp, d_temp = _gen._warp(
-        "draft_",
-        *sampling.draft_warp_args(
-            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-        ),
-    )
+    """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
+    first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
+    ``prompt``: built, and validated, by their own :func:`jaxspec.generate.build_config`
+    and :func:`~jaxspec.generate.build_ar_config`."""
+    settings = dict(tree=tree, scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+                    draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
     t = len(prompt)
-    scratch = max(spec.num_nodes, spec.expansion_slots) if isinstance(spec, DynamicTree) else spec.num_nodes
-    capacity = t + horizon + scratch + 1
-    for name, model in (("target", target), ("draft", draft)):
-        _gen._check_positions(name, model, capacity, "prompt length + horizon + tree size + 1 (cache capacity)")
-    tdef, _ = nnx.split(target)
-    ddef, _ = nnx.split(draft)
-    spec_cfg = _gen.SpecConfig(tdef, ddef, spec, scheme, t_warp, d_warp, horizon, capacity)
-    first_cfg = _gen.SpecConfig(tdef, ddef, spec, scheme, t_warp, d_warp, 1, t + 1 + scratch + 1)
-    ar_cfg = _gen.ARConfig(tdef, t_warp, horizon, t + horizon)
+    spec_cfg, t_temp, d_temp = _gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
+    first_cfg, _, _ = _gen.build_config(target, draft, prompt_length=t, max_new_tokens=1, **settings)
+    ar_cfg, _ = _gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, temperature=temperature,
+                                     top_k=top_k, top_p=top_p)
+    t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
     return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
                   dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p),
                   dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p))

@@ -59,6 +59,8 @@ __all__ = [
     "GenerateResult",
     "SpecConfig",
     "ARConfig",
+    "build_config",
+    "build_ar_config",
     "generate",
     "generate_autoregressive",
     "run_compiled",
@@ -425,6 +427,11 @@ def _check_budget(max_new_tokens) -> int:
     return int(max_new_tokens)
 
 
+def _check_prompt_length(prompt_length) -> None:
+    if not _is_int(prompt_length) or prompt_length < 1:
+        raise ValueError(f"prompt_length = {prompt_length!r}: expected an integer >= 1")
+
+
 def _prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
     """-> (int32[B, T] right-padded with 0, int32[B] lengths)."""
     if isinstance(prompts, (np.ndarray, jax.Array)):
@@ -558,49 +565,17 @@ def generate(
     """
     _check_model("target", target)
     _check_model("draft", draft)
-    v = target.config.vocab_size
-    if draft.config.vocab_size != v:
-        raise ValueError(
-            f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
-        )
     key = _check_key(key)
-    m = _check_budget(max_new_tokens)
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme = {scheme!r}: expected one of {SCHEMES}")
-    spec = resolve_tree(tree)
-    if isinstance(spec, DynamicTree):
-        if scheme != "deterministic":
-            raise ValueError(
-                f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                "scheme='deterministic'"
-            )
-        if spec.topk > v:
-            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
-    elif scheme != "iid" and spec.max_siblings > v:
-        raise ValueError(
-            f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v} distinct "
-            f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
-        )
-    target_warp, t_temp = _warp("", temperature, top_k, top_p)
-    draft_warp, d_temp = _warp(
-        "draft_",
-        *sampling.draft_warp_args(
-            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-        ),
+    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    cfg, t_temp, d_temp = build_config(
+        target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
+        scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+        draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
+        on_round=on_round,
     )
-    stop = _check_stop(stop_tokens, v)
-    tokens, lens = _prepare_prompts(prompts, v)
-    scratch = spec.num_nodes
-    if isinstance(spec, DynamicTree):
-        scratch = max(spec.num_nodes, spec.expansion_slots)
-    capacity = tokens.shape[1] + m + scratch + 1
-    for name, model in (("target", target), ("draft", draft)):
-        _check_positions(
-            name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
-        )
-    tdef, tstate = nnx.split(target)
-    ddef, dstate = nnx.split(draft)
-    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity, on_round=on_round)
+    tstate = nnx.state(target)
+    dstate = nnx.state(draft)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
 
 
@@ -640,16 +615,115 @@ def generate_autoregressive(
     step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``on_round`` as
     in :func:`generate` (called after every token)."""
     _check_model("target", target)
-    v = target.config.vocab_size
     key = _check_key(key)
+    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    cfg, temp = build_ar_config(
+        target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, on_round=on_round,
+    )
+    return _compiled(cfg)(
+        nnx.state(target), key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
+    )
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def build_config(
+    target: Transformer,
+    draft: Transformer,
+    *,
+    prompt_length: int,
+    max_new_tokens: int,
+    tree,
+    scheme: str = "without_replacement",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    on_round: Callable | None = None,
+) -> tuple[SpecConfig, float, float]:
+    """The static configuration :func:`generate` compiles for prompts padded to
+    ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
+    argument). The one place where generation settings become a :class:`SpecConfig`:
+    :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
+    call it, so the harness tests exactly what ``generate`` runs.
+
+    Arguments as in :func:`generate`. Returns ``(config, temperature, draft_temperature)``:
+    the temperatures (the draft's resolved by :func:`jaxspec.sampling.draft_warp_args`) are
+    traced arguments of the compiled function, not part of the configuration, so that new
+    temperatures do not recompile. Equal arguments give equal (hashable) configurations::
+
+        cfg, t, dt = build_config(target, draft, prompt_length=3, max_new_tokens=8, tree=3)
+        cfg.capacity      # 15 cache slots: 3 prompt + 8 new + 3 tree nodes + 1
+        cfg == build_config(target, draft, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
+    """
+    _check_model("target", target)
+    _check_model("draft", draft)
+    _check_prompt_length(prompt_length)
+    v = target.config.vocab_size
+    if draft.config.vocab_size != v:
+        raise ValueError(
+            f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
+        )
+    m = _check_budget(max_new_tokens)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme = {scheme!r}: expected one of {SCHEMES}")
+    spec = resolve_tree(tree)
+    if isinstance(spec, DynamicTree):
+        if scheme != "deterministic":
+            raise ValueError(
+                f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
+                "scheme='deterministic'"
+            )
+        if spec.topk > v:
+            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
+    elif scheme != "iid" and spec.max_siblings > v:
+        raise ValueError(
+            f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v} distinct "
+            f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
+        )
+    target_warp, t_temp = _warp("", temperature, top_k, top_p)
+    draft_warp, d_temp = _warp(
+        "draft_",
+        *sampling.draft_warp_args(
+            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+        ),
+    )
+    scratch = spec.num_nodes
+    if isinstance(spec, DynamicTree):
+        scratch = max(spec.num_nodes, spec.expansion_slots)
+    capacity = int(prompt_length) + m + scratch + 1
+    for name, model in (("target", target), ("draft", draft)):
+        _check_positions(
+            name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
+        )
+    tdef = nnx.graphdef(target)
+    ddef = nnx.graphdef(draft)
+    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity, on_round=on_round)
+    return cfg, t_temp, d_temp
+
+
+def build_ar_config(
+    target: Transformer,
+    *,
+    prompt_length: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    on_round: Callable | None = None,
+) -> tuple[ARConfig, float]:
+    """The static configuration :func:`generate_autoregressive` compiles for prompts padded
+    to ``prompt_length`` tokens, with its arguments validated; ``(config, temperature)``
+    (see :func:`build_config`)."""
+    _check_model("target", target)
+    _check_prompt_length(prompt_length)
     m = _check_budget(max_new_tokens)
     warp, temp = _warp("", temperature, top_k, top_p)
-    stop = _check_stop(stop_tokens, v)
-    tokens, lens = _prepare_prompts(prompts, v)
-    capacity = tokens.shape[1] + m
+    capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
-    tdef, tstate = nnx.split(target)
-    cfg = ARConfig(tdef, warp, m, capacity, on_round=on_round)
-    return _compiled(cfg)(
-        tstate, key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
-    )
+    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=on_round), temp

@@ -8,9 +8,10 @@ suite runs 2^14 - 2^15 samples per run; the slow suite the product default of 10
 * every mutant is rejected with p < 1e-6 (joint χ² vs exact and two-sample);
 * the enumerated law matches a brute-force product of per-position laws;
 * counts for one seed are identical on 1 and 8 (forced host) devices;
-* the configuration mirrors what jaxspec.generate compiles.
+* verify streams the configurations jaxspec.generate compiles (both built by build_config).
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -202,35 +203,106 @@ class _Captured(Exception):
     pass
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(tree="branch:2,2", scheme="iid"),
-        dict(tree="chain:3", scheme="deterministic", temperature=0.7, top_k=3),
-        dict(tree="branch:2,1", scheme="without_replacement", top_p=0.9, draft_temperature=1.2),
-        dict(tree="dynamic:depth=2,topk=2,nodes=3", scheme="deterministic"),
-    ],
-    ids=str,
-)
-def test_configuration_mirrors_generate(kw, monkeypatch):
-    """verify compiles exactly what generate / generate_autoregressive would (captured
-    before compilation)."""
-    target, draft = default_pair(0)
+_CONFIG_CASES = [
+    dict(tree="branch:2,2", scheme="iid"),
+    dict(tree="chain:3", scheme="deterministic", temperature=0.7, top_k=3),
+    dict(tree="branch:2,1", scheme="without_replacement", top_p=0.9, draft_temperature=1.2),
+    dict(tree="dynamic:depth=2,topk=2,nodes=3", scheme="deterministic"),
+]
+
+
+def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw):
+    """The configurations generate (budget ``horizon``, and 1) and generate_autoregressive
+    hand to their compile cache (captured before compilation)."""
 
     def capture(cfg):
         raise _Captured(cfg)
 
     monkeypatch.setattr(gen, "_compiled", capture)
-    prompt, horizon = (1, 2, 3), 3
-    with pytest.raises(_Captured) as spec:
-        gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=horizon, **kw)
+    out = []
+    for budget in (horizon, 1):
+        with pytest.raises(_Captured) as c:
+            gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=budget, **kw)
+        out.append(c.value.args[0])
     warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
-    with pytest.raises(_Captured) as ar:
+    with pytest.raises(_Captured) as c:
         gen.generate_autoregressive(jax.random.key(0), target, [list(prompt)] * 2, max_new_tokens=horizon, **warp)
-    setup = exactness._setup(target, draft, prompt, horizon, kw["tree"], kw["scheme"], kw.get("temperature", 1.0),
-                             kw.get("top_k"), kw.get("top_p"), kw.get("draft_temperature"), None, None)
-    assert setup.spec_cfg == spec.value.args[0]
-    assert setup.ar_cfg == ar.value.args[0]
+    out.append(c.value.args[0])
+    monkeypatch.undo()
+    return out
+
+
+def _verify_streams(monkeypatch, **kw):
+    """``{kind: (cfg, impl)}`` of the three runs verify streams (captured, nothing sampled)."""
+    seen = {}
+
+    def capture(kind, cfg, impl, *args, **kwargs):
+        seen[kind] = (cfg, impl)
+        if kind == "first":  # the last run
+            raise _Captured()
+        return None, {}
+
+    monkeypatch.setattr(exactness, "_stream", capture)
+    with pytest.raises(_Captured):
+        verify(num_samples=16, progress=False, **kw)
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
+def test_verify_streams_what_generate_compiles(kw, monkeypatch):
+    """The speculative, first-round and target-only runs of verify use the very
+    configurations (equal, hashable: one compile-cache entry) that generate(max_new_tokens
+    = horizon), generate(max_new_tokens = 1) and generate_autoregressive compile for the
+    same arguments, with the library's own round functions."""
+    target, draft = default_pair(0)
+    prompt, horizon = (1, 2, 3), 3
+    spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
+    seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw)
+    assert seen["spec"] == (spec, gen._spec_impl)
+    assert seen["first"] == (first, gen._spec_impl)
+    assert seen["ar"] == (ar, gen._ar_impl)
+    assert hash(seen["spec"][0]) == hash(spec)
+    # the comparison can fail: a neighbouring configuration is a different one
+    assert spec != first and seen["spec"][0] != dataclasses.replace(spec, capacity=spec.capacity + 1)
+    other = dict(kw, top_k=2) if kw.get("top_k") != 2 else dict(kw, top_k=None)
+    assert _generate_compiles(monkeypatch, target, draft, prompt, horizon, other)[0] != seen["spec"][0]
+
+
+@pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
+def test_build_config_is_what_generate_compiles(kw, monkeypatch):
+    """generate's configuration is build_config's (and generate_autoregressive's is
+    build_ar_config's), with the temperatures build_config resolves."""
+    target, draft = default_pair(0)
+    prompt, horizon = (1, 2, 3), 3
+    spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
+    cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **kw)
+    warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
+    ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon, **warp)
+    assert cfg == spec and ar_cfg == ar
+    assert t == ar_t == kw.get("temperature", 1.0)
+    assert dt == sampling.draft_warp_args(kw["scheme"], kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"),
+                                          kw.get("draft_temperature"), None, None)[0]
+
+
+def test_verify_has_no_configuration_of_its_own(monkeypatch):
+    """verify streams the objects build_config / build_ar_config return: a change there
+    (here: one more cache slot) reaches the harness too."""
+    built = []
+
+    def one_more_slot(build):
+        def wrapped(*args, **kwargs):
+            cfg, *temps = build(*args, **kwargs)
+            built.append(dataclasses.replace(cfg, capacity=cfg.capacity + 1))
+            return (built[-1], *temps)
+
+        return wrapped
+
+    for name in ("build_config", "build_ar_config"):
+        monkeypatch.setattr(gen, name, one_more_slot(getattr(gen, name)))
+    seen = _verify_streams(monkeypatch)
+    assert len(built) == 3
+    assert all(seen[k][0] is b for k, b in zip(("spec", "first", "ar"), built, strict=True))
 
 
 @pytest.mark.parametrize(
