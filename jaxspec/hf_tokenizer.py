@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec.tokenizer import BaseTokenizer, ByteTokenizer
+
 __all__ = ["HFTokenizer", "load_tokenizer", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -48,10 +50,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-class HFTokenizer:
+class HFTokenizer(BaseTokenizer):
     """A ``tokenizers.Tokenizer`` with the same small interface as
     :class:`~jaxspec.tokenizer.ByteTokenizer` (``encode`` / ``decode`` / ``vocab_size`` /
-    ``bos_id`` / ``eos_id`` / ``pad_id`` / ``is_special``)."""
+    ``bos_id`` / ``eos_id`` / ``pad_id`` / ``is_special``). ``encode(text, add_bos=False,
+    add_eos=False)``: ids without the tokenizer's own post-processing specials (see
+    :class:`~jaxspec.tokenizer.BaseTokenizer`)."""
 
     def __init__(self, tokenizer, *, bos_id: int | None = None, eos_id: int | None = None,
                  pad_id: int | None = None, source: str = "<memory>"):
@@ -105,20 +109,12 @@ class HFTokenizer:
         """Token string -> id (added tokens included)."""
         return dict(self._tok.get_vocab(with_added_tokens=True))
 
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """Ids of ``text`` without the tokenizer's own post-processing specials; optionally
-        framed by BOS / EOS (``ValueError`` if the tokenizer has none)."""
-        if not isinstance(text, str):
-            raise ValueError(f"HFTokenizer.encode: text is a {type(text).__name__}; expected a str")
-        ids = list(self._tok.encode(text, add_special_tokens=False).ids)
-        for flag, name in ((add_bos, "bos"), (add_eos, "eos")):
-            if flag and getattr(self, f"{name}_id") is None:
-                raise ValueError(f"HFTokenizer.encode: add_{name}=True but {self.source} has no {name} token")
-        if add_bos:
-            ids.insert(0, self.bos_id)
-        if add_eos:
-            ids.append(self.eos_id)
-        return ids
+    def _encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` without the tokenizer's own post-processing specials."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def _source_name(self) -> str:
+        return self.source
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` (list or int array, any shape flattened); specials and negative /
@@ -142,7 +138,6 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes).
     ``FileNotFoundError`` otherwise."""
     from jaxspec.checkpoint import resolve_model_path
-    from jaxspec.tokenizer import ByteTokenizer
 
     folder = resolve_model_path(name_or_path)
     if (folder / TOKENIZER_FILE).is_file():

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["ByteTokenizer", "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "NUM_BYTES"]
+__all__ = ["BaseTokenizer", "ByteTokenizer", "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "NUM_BYTES"]
 
 NUM_BYTES = 256
 BOS_ID = 256
@@ -37,8 +37,41 @@ PAD_ID = 258
 VOCAB_SIZE = 264  # 259 used ids, padded to a multiple of 8
 
 
+class BaseTokenizer:
+    """What every tokenizer shares: :meth:`encode` checks ``text``, tokenizes it with the
+    subclass's ``_encode_text`` (no specials) and frames the ids with BOS / EOS on request.
+
+    Subclasses (:class:`ByteTokenizer`, :class:`~jaxspec.hf_tokenizer.HFTokenizer`) provide
+    ``_encode_text(text) -> list[int]``, ``decode``, ``is_special`` and the attributes
+    ``vocab_size``, ``bos_id``, ``eos_id``, ``pad_id`` (``None``: the tokenizer has none).
+    """
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Ids of ``text``, optionally framed by BOS / EOS (``ValueError`` if the tokenizer
+        has none)."""
+        where = f"{type(self).__name__}.encode"
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: text is a {type(text).__name__}; expected a str")
+        ids = self._encode_text(text)
+        for flag, name in ((add_bos, "bos"), (add_eos, "eos")):
+            if flag and getattr(self, f"{name}_id") is None:
+                raise ValueError(f"{where}: add_{name}=True but {self._source_name()} has no {name} token")
+        if add_bos:
+            ids.insert(0, self.bos_id)
+        if add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def _encode_text(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def _source_name(self) -> str:
+        """Names the tokenizer in error messages."""
+        return type(self).__name__
+
+
 @dataclasses.dataclass(frozen=True)
-class ByteTokenizer:
+class ByteTokenizer(BaseTokenizer):
     """UTF-8 bytes plus BOS / EOS / PAD (see the module docstring for the id layout)."""
 
     vocab_size: int = VOCAB_SIZE
@@ -46,16 +79,9 @@ class ByteTokenizer:
     eos_id: int = EOS_ID
     pad_id: int = PAD_ID
 
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """UTF-8 bytes of ``text`` as ids (optionally framed by BOS / EOS)."""
-        if not isinstance(text, str):
-            raise ValueError(f"ByteTokenizer.encode: text is a {type(text).__name__}; expected a str")
-        ids = list(text.encode("utf-8"))
-        if add_bos:
-            ids.insert(0, self.bos_id)
-        if add_eos:
-            ids.append(self.eos_id)
-        return ids
+    def _encode_text(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids."""
+        return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
         """Bytes of ``ids`` decoded as UTF-8 (``errors="replace"``); ids >= 256 are skipped.

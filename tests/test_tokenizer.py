@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxspec.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, ByteTokenizer
+from jaxspec.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, BaseTokenizer, ByteTokenizer
 
 TEXTS = ["", "hello", "def f(x):\n    return x  # ok\n", "é漢字🙂", "\x00\xff"]
 
@@ -45,3 +45,39 @@ def test_decode_invalid_utf8_is_replaced():
 def test_encode_rejects_non_str():
     with pytest.raises(ValueError, match="expected a str"):
         ByteTokenizer().encode(b"bytes")
+
+
+def _word_tokenizer(bos_id=None, eos_id=None):
+    """An in-memory HFTokenizer over a few words (needs the ``tokenizers`` package)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from jaxspec.hf_tokenizer import HFTokenizer
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<bos>", "<eos>", "a", "b"])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return HFTokenizer(tok, bos_id=bos_id, eos_id=eos_id, source="words")
+
+
+@pytest.mark.parametrize("kind", ["byte", "hf"])
+def test_bos_eos_framing_is_shared(kind):
+    """Both tokenizers frame ids in BaseTokenizer.encode: [BOS] + ids + [EOS] on request."""
+    tok = ByteTokenizer() if kind == "byte" else _word_tokenizer(bos_id=1, eos_id=2)
+    assert type(tok).encode is BaseTokenizer.encode
+    ids = tok.encode("a b")
+    assert ids == ([97, 32, 98] if kind == "byte" else [3, 4])
+    assert tok.encode("a b", add_bos=True) == [tok.bos_id, *ids]
+    assert tok.encode("a b", add_eos=True) == [*ids, tok.eos_id]
+    assert tok.encode("a b", add_bos=True, add_eos=True) == [tok.bos_id, *ids, tok.eos_id]
+    assert tok.encode("", add_bos=True, add_eos=True) == [tok.bos_id, tok.eos_id]
+    name = type(tok).__name__
+    with pytest.raises(ValueError, match=rf"{name}\.encode: text is a bytes; expected a str"):
+        tok.encode(b"a")
+
+
+def test_missing_special_is_named():
+    tok = _word_tokenizer(eos_id=2)
+    assert tok.encode("a", add_eos=True) == [3, 2]
+    with pytest.raises(ValueError, match=r"HFTokenizer\.encode: add_bos=True but words has no bos token"):
+        tok.encode("a", add_bos=True)
+    with pytest.raises(ValueError, match="add_eos=True but ByteTokenizer has no eos token"):
+        ByteTokenizer(eos_id=None).encode("a", add_eos=True)
