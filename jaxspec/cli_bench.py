@@ -41,7 +41,7 @@ def _bench(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.bench import BENCHMARKS
 
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="short versions: a few minutes on 2 CPU cores")
+    size.add_argument("--quick", action="store_true", help="short versions (minutes on 2 CPU cores; figures labelled quick)")
     size.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # seconds; for tests
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
     p.add_argument("--out", help="folder for the JSON and PNG files (default: benchmarks/results in the "

@@ -77,6 +77,7 @@ def test_compile_tiny(tmp_path):
         for k in ("first_call_s", "steady_call_s", "compile_s"):
             assert _positive(r[k]), (k, r)
         assert r["compile_s"] == pytest.approx(r["first_call_s"] - r["steady_call_s"])
+        assert r["steady_call_s"] < r["first_call_s"] / 2, r  # the steady calls reuse the compilation
     assert _positive(kinds["accept"]["lower_s"]) and _positive(kinds["accept"]["backend_compile_s"])
     assert _positive(on_disk["headline"]["accept_compile_s"])
 
@@ -177,7 +178,7 @@ def test_decode_every_tree_kind_batch_and_temperature(tmp_path):
         assert _positive(r["speedup"]) and _positive(r["tau"])
         assert (r["model_tau"] is None) == (r["kind"] == "dynamic")
     assert len(report["prompt_lens"]["8"]) == 8
-    assert len(set(report["prompt_lens"]["8"])) > 1  # of different lengths
+    assert len(set(report["prompt_lens"]["8"])) == 8  # of different lengths
     decode.plot(report, tmp_path / "d.png")
 
 

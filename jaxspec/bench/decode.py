@@ -62,15 +62,15 @@ __all__ = ["NAME", "DecodeBenchConfig", "CONFIGS", "ROW_FIELDS", "run", "plot", 
 
 NAME = "decode_speed"
 DEFAULT_PROMPT = "The history of the city begins with"
-#: batch 8: prompts of different lengths (8 to 35 bytes), code and prose
+#: batch 8: prompts of eight different lengths (9 to 43 bytes), prose and code
 BATCH_PROMPTS = (
     "The history of the city begins with",
     "def parse(line):",
     "import os",
-    "class Parser:\n    def __init__(self",
+    "class Parser:\n    def __init__(self, text):",
     "for i in range(",
     "        return self._",
-    "# Copyright 2001",
+    "# Copyright 2001 Python",
     'if __name__ == "__main__":',
 )
 #: the tree of ``jaxspec generate`` (the headline row)
