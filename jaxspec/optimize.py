@@ -68,6 +68,7 @@ __all__ = [
     "node_probabilities",
     "positional_acceptance",
     "measure_acceptance",
+    "branching_widths",
 ]
 
 #: slack allowed on ``sum(acceptance) <= 1`` (measured vectors carry float error)
@@ -273,6 +274,33 @@ def optimize_tree(acceptance, budget: int, max_depth: int) -> OptimizedTree:
     value = float(F[d_max, budget])
     return OptimizedTree(parents=_tree.validate_parents(parents), expected_tokens=value + 1.0,
                          expected_accepted=value)
+
+
+def branching_widths(num_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
+    """Every per-level branching ``(b_1, ..., b_d)`` (all ``b_i >= 1``, ``d <= max_depth``)
+    with exactly ``num_nodes`` nodes, ``b_1 + b_1 b_2 + ... + b_1 ... b_d``, in
+    lexicographic order: the trees :func:`jaxspec.tree.branching` builds, the usual
+    hand-picked alternatives to :func:`optimize_tree`.
+
+    Example: ``branching_widths(6, 3) == [(1, 1, 4), (1, 5), (2, 1, 1), (2, 2), (3, 1), (6,)]``.
+    """
+    num_nodes = _check_positive_int("num_nodes", num_nodes)
+    max_depth = _check_positive_int("max_depth", max_depth)
+    out: list[tuple[int, ...]] = []
+
+    def extend(prefix: tuple[int, ...], width: int, used: int) -> None:
+        if used == num_nodes:
+            out.append(prefix)
+            return
+        if len(prefix) == max_depth:
+            return
+        b = 1
+        while used + width * b <= num_nodes:  # the next level adds width * b nodes
+            extend(prefix + (b,), width * b, used + width * b)
+            b += 1
+
+    extend((), 1, 0)
+    return out
 
 
 # ----------------------------------------------------------------------------------
