@@ -25,7 +25,6 @@ compile and steady time per entry point.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import statistics
 import time
 from collections.abc import Callable
@@ -34,8 +33,6 @@ import jax
 
 import jaxspec
 from jaxspec.bench import common
-
-gen = importlib.import_module("jaxspec.generate")
 
 __all__ = ["NAME", "CompileBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
 
