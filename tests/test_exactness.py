@@ -1,4 +1,5 @@
-"""The exactness harness as a product (jaxspec.exactness, jaxspec.mutants).
+"""The exactness harness as a product (jaxspec.exactness and the modules it is built from:
+jaxspec.exact_laws, jaxspec.sample_counts, jaxspec.verify_report; jaxspec.mutants).
 
 Fixed in advance: the default pair and configuration (tree branch:2,2, iid, V = 4, L = 3,
 prompt 1,2,3), seed 0, family alpha 1e-3 with Bonferroni inside each report. The default
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec import exactness, mutants, sampling
+from jaxspec import exact_laws, exactness, mutants, sample_counts, sampling
 from jaxspec.exactness import default_pair, exact_law, expected_acceptance, verify
 from jaxspec.model import forward_logits
 from jaxspec.treespec import resolve_tree
@@ -135,6 +136,21 @@ def test_temperature_zero_is_one_cell():
     assert r.num_cells == 1 and r.spec_counts[0] == SMALL and r.passed
 
 
+def test_public_names_stay_importable_from_exactness():
+    """The split into exact_laws / sample_counts / verify_report keeps every public name of
+    jaxspec.exactness (tests, notebooks, the CLI and jaxspec's lazy exports use them)."""
+    import jaxspec
+    from jaxspec import verify_report
+
+    names = {"MAX_CELLS", "MAX_ACCEPT_TERMS", "DEFAULT_TREE", "DEFAULT_SCHEME", "DEFAULT_PROMPT", "TestResult",
+             "VerifyReport", "verify", "default_pair", "exact_law", "ExactLaw", "expected_acceptance"}
+    assert names <= set(exactness.__all__)
+    for name in ("MAX_CELLS", "MAX_ACCEPT_TERMS", "ExactLaw", "exact_law", "expected_acceptance"):
+        assert getattr(exactness, name) is getattr(exact_laws, name)
+    assert exactness.TestResult is verify_report.TestResult and exactness.VerifyReport is verify_report.VerifyReport
+    assert jaxspec.verify is verify and jaxspec.VerifyReport is verify_report.VerifyReport
+
+
 # --------------------------------------------------------------------------- exact laws
 
 
@@ -168,7 +184,7 @@ def test_lookup_finds_cells_and_flags_the_outside():
         levels.append((jnp.asarray(par), jnp.asarray(tok)))
         prev = {n: i for i, n in enumerate(nodes)}
     ys = rng.integers(0, v, (500, horizon)).astype(np.int32)
-    got = np.asarray(exactness._lookup(jnp.asarray(ys), tuple(levels), len(cells)))
+    got = np.asarray(sample_counts.lookup_cells(jnp.asarray(ys), tuple(levels), len(cells)))
     index = {c: i for i, c in enumerate(cells)}
     want = np.array([index.get(tuple(y), len(cells)) for y in ys.tolist()])
     np.testing.assert_array_equal(got, want)
@@ -179,13 +195,13 @@ def test_lookup_finds_cells_and_flags_the_outside():
 def test_draft_draw_enumeration_is_a_law(scheme):
     q = np.array([0.5, 0.3, 0.2, 0.0])
     for m in (1, 2, 3, 4):
-        draws = list(exactness._draws(q, q.astype(np.float32), m, scheme))
+        draws = list(exact_laws._draws(q, q.astype(np.float32), m, scheme))
         assert sum(pr for _, pr in draws) == pytest.approx(1.0)
         if scheme == "without_replacement":
             assert all(len(set(xs)) == m for xs, _ in draws)
             if m == 4:  # the support (3 tokens) is exhausted: the zero token comes last
                 assert all(xs[3] == 3 for xs, _ in draws)
-    assert list(exactness._draws(q, q.astype(np.float32), 2, "deterministic")) == [((0, 1), 1.0)]
+    assert list(exact_laws._draws(q, q.astype(np.float32), 2, "deterministic")) == [((0, 1), 1.0)]
 
 
 def test_expected_acceptance_is_one_when_draft_equals_target():
@@ -242,7 +258,7 @@ def _verify_streams(monkeypatch, **kw):
             raise _Captured()
         return None, {}
 
-    monkeypatch.setattr(exactness, "_stream", capture)
+    monkeypatch.setattr(exactness, "count_samples", capture)
     with pytest.raises(_Captured):
         verify(num_samples=16, progress=False, **kw)
     monkeypatch.undo()

@@ -1,0 +1,160 @@
+"""Counts of a compiled decoder's samples, streamed in blocks and sharded over devices: the
+sampling side of :func:`jaxspec.exactness.verify`.
+
+Samples come in *blocks* of ``chunk`` rows; block ``g`` of a run uses the key
+``fold_in(run_key, g)``. Each step runs one block per device under ``shard_map`` over a
+1-D mesh ``("chains",)``; every block is reduced on its device to integer counts (joint
+cells, per-position tokens, accepted nodes per depth) and ``psum``-ed, so host memory is
+flat in the number of samples and a block's computation has the same shapes on any number
+of devices: the counts are a function of ``(run_key, chunk)`` only, identical on 1 and on 8
+devices (idle devices of the last step get empty blocks). Rows past the sample count in
+the last block are masked out. Multi-host: block indices and replicated inputs are built
+with ``jax.make_array_from_callback``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["count_samples", "lookup_cells"]
+
+_AXIS = "chains"
+
+
+def lookup_cells(y, levels, num_cells: int):
+    """int32[B]: cell of each row of ``y int32[B, L]`` (``num_cells`` when outside the
+    support), by a vectorized lower-bound search of (parent, token) at each level."""
+    b = y.shape[0]
+    node = jnp.zeros((b,), jnp.int32)
+    ok = jnp.ones((b,), jnp.bool_)
+    for lvl, (par, tok) in enumerate(levels):
+        n = par.shape[0]
+        t = y[:, lvl]
+        lo = jnp.zeros((b,), jnp.int32)
+        hi = jnp.full((b,), n, jnp.int32)
+        for _ in range(max(1, math.ceil(math.log2(n + 1)))):
+            mid = (lo + hi) // 2
+            i = jnp.clip(mid, 0, n - 1)
+            less = (par[i] < node) | ((par[i] == node) & (tok[i] < t))
+            live = lo < hi
+            lo = jnp.where(live & less, mid + 1, lo)
+            hi = jnp.where(live & ~less, mid, hi)
+        i = jnp.clip(lo, 0, n - 1)
+        found = (lo < n) & (par[i] == node) & (tok[i] == t)
+        ok = ok & found
+        node = jnp.where(found, i, 0)
+    return jnp.where(ok, node, num_cells)
+
+
+@functools.lru_cache(maxsize=32)
+def _step_fn(kind: str, cfg, impl, devices: tuple, chunk: int, prompt: tuple, horizon: int, vocab: int):
+    """jit(shard_map): one block of ``chunk`` rows per device -> psum-ed integer counts."""
+    mesh = Mesh(np.asarray(devices, dtype=object), (_AXIS,))
+    t = len(prompt)
+
+    def local(states, key_data, block, n_valid, temps, levels):
+        key = jax.random.fold_in(jax.random.wrap_key_data(key_data), block[0])
+        tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (chunk, t))
+        lens = jnp.full((chunk,), t, jnp.int32)
+        stop = jnp.zeros((0,), jnp.int32)
+        if kind == "ar":
+            res = impl(cfg, states[0], key, tokens, lens, temps[0], stop)
+        else:
+            res = impl(cfg, states[0], states[1], key, tokens, lens, temps[0], temps[1], stop)
+        valid = (jnp.arange(chunk, dtype=jnp.int32) < n_valid[0]).astype(jnp.int32)  # [chunk]
+        out = {}
+        if kind != "first":
+            y = res.tokens[:, :horizon]  # [chunk, L]
+            num_cells = levels[-1][0].shape[0]
+            cell = lookup_cells(y, levels, num_cells)
+            out["joint"] = jnp.zeros((num_cells + 1,), jnp.int32).at[cell].add(valid)
+            pos = jnp.broadcast_to(jnp.arange(horizon, dtype=jnp.int32), y.shape)
+            out["marginals"] = jnp.zeros((horizon, vocab), jnp.int32).at[pos, jnp.clip(y, 0, vocab - 1)].add(
+                valid[:, None])
+        if kind != "ar":
+            out["accepted"] = jnp.sum(res.accepted_per_depth * valid[:, None], axis=0)
+            out["rounds"] = jnp.sum(res.rounds * valid)
+            out["tokens"] = jnp.sum(res.lengths * valid)
+        return jax.tree.map(lambda x: jax.lax.psum(x, _AXIS), out)
+
+    f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(_AXIS), P(_AXIS), P(), P()), out_specs=P(),
+                      check_vma=False)
+    return jax.jit(f), mesh
+
+
+def _global(arr: np.ndarray, sharding) -> jax.Array:
+    """A global array from identical host values on every process (multi-host safe)."""
+    if jax.process_count() == 1:
+        return jax.device_put(arr, sharding)
+    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
+
+
+def _replicate(tree, sharding):
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda a: _global(np.asarray(a), sharding), tree)
+
+
+def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
+                  chunk: int, devices, progress: bool, desc: str) -> tuple[dict, dict]:
+    """Run ``impl(cfg, *states, ...)`` (a round function of :mod:`jaxspec.generate`, or a
+    mutant's) on ``num_samples`` copies of ``prompt`` and sum the counts of its
+    ``ceil(num_samples / chunk)`` blocks, ``len(devices)`` blocks per step.
+
+    ``kind``: ``"spec"`` (speculative: ``joint`` cells of the first ``horizon`` tokens by
+    :func:`lookup_cells` over ``levels``, per-position ``marginals``, ``accepted`` per
+    depth, ``rounds``, ``tokens``), ``"ar"`` (target-only: ``joint``, ``marginals``) or
+    ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``).
+    Returns (int64 counts by name, {"compile_s", "total_s"})."""
+    fn, mesh = _step_fn(kind, cfg, impl, tuple(devices), chunk, tuple(prompt), horizon, vocab)
+    n_dev = len(devices)
+    rep = NamedSharding(mesh, P())
+    sharded = NamedSharding(mesh, P(_AXIS))
+    states = _replicate(states, rep)
+    key_data = _global(np.asarray(jax.random.key_data(key)), rep)
+    temps = _global(np.asarray(temps, np.float32), rep)
+    levels = _replicate(levels, rep)
+    num_blocks = -(-num_samples // chunk)
+    num_steps = -(-num_blocks // n_dev)
+    totals: dict | None = None
+    pending = None
+    bar = _progress_bar(num_samples, desc, progress)
+
+    def collect(out, n):
+        nonlocal totals
+        host = {k: np.asarray(v).astype(np.int64) for k, v in out.items()}
+        totals = host if totals is None else {k: totals[k] + host[k] for k in totals}
+        bar.update(n)
+
+    timing = {"compile_s": 0.0}
+    t_all = time.perf_counter()
+    for s in range(num_steps):
+        blocks = np.arange(s * n_dev, (s + 1) * n_dev, dtype=np.int32)
+        n_valid = np.clip(num_samples - blocks.astype(np.int64) * chunk, 0, chunk).astype(np.int32)
+        t0 = time.perf_counter()
+        out = fn(states, key_data, _global(blocks, sharded), _global(n_valid, sharded), temps, levels)
+        if s == 0:  # tracing and compilation happen in the first (blocking) dispatch
+            timing["compile_s"] = time.perf_counter() - t0
+        if pending is not None:
+            collect(*pending)
+        pending = (out, int(n_valid.sum()))
+    collect(*pending)
+    bar.close()
+    timing["total_s"] = time.perf_counter() - t_all
+    return totals, timing
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="samples", unit_scale=True, disable=not enabled, file=sys.stderr,
+                leave=False)
