@@ -13,7 +13,9 @@ Public API (see DESIGN.md §5):
   tree specs :class:`DynamicTree`, :func:`parse_tree`;
 * checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
   :func:`save_model`; :class:`ByteTokenizer`;
-* tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`;
+* tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`,
+  :func:`branching_widths`; the tree for this device: :func:`auto_tree` (lazy,
+  :mod:`jaxspec.autotree`);
 * statistics for exactness claims: :mod:`jaxspec.stats`.
 """
 
@@ -28,6 +30,7 @@ from jaxspec.model import Transformer, decode_step, forward_logits, init_model, 
 from jaxspec.optimize import (
     AcceptanceEstimate,
     OptimizedTree,
+    branching_widths,
     expected_accepted,
     measure_acceptance,
     optimize_tree,
@@ -68,6 +71,9 @@ _LAZY = {
     "VerifyReport": ("jaxspec.exactness", "VerifyReport"),
     "HFTokenizer": ("jaxspec.hf_tokenizer", "HFTokenizer"),
     "load_tokenizer": ("jaxspec.hf_tokenizer", "load_tokenizer"),
+    "autotree": ("jaxspec.autotree", None),
+    "auto_tree": ("jaxspec.autotree", "auto_tree"),
+    "AutoTreeResult": ("jaxspec.autotree", "AutoTreeResult"),
 }
 
 

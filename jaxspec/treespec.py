@@ -239,7 +239,9 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
     """Parse a command-line tree spec.
 
     ``"chain:4"`` or ``"4"``, ``"branch:3,2,1"``, ``"parents:-1,0,0,1"``,
-    ``"dynamic:depth=4,topk=4,nodes=16"``. Errors name the spec.
+    ``"dynamic:depth=4,topk=4,nodes=16"``. Errors name the spec. ``"auto"`` (a tree
+    chosen per device by :func:`jaxspec.autotree.auto_tree`) needs the models, so it is
+    refused here with a message saying so.
     """
     if not isinstance(spec, str):
         raise ValueError(f"tree spec = {spec!r}: expected a string")
@@ -248,6 +250,12 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
     kind = kind.strip().lower()
     try:
         if not sep:
+            if kind == "auto":
+                raise ValueError(
+                    "'auto' is chosen by measuring a target/draft pair on this device, so it "
+                    "needs the models: call jaxspec.auto_tree(target, draft, ...) and pass its "
+                    "parents, or run `jaxspec generate --tree auto`"
+                )
             if s.lstrip("-").isdigit():
                 return resolve_tree(int(s))
             raise ValueError("expected 'chain:K', 'K', 'branch:...', 'parents:...' or 'dynamic:...'")

@@ -1,0 +1,223 @@
+"""jaxspec.autotree: the table and the choice with injected figures, timings of real
+jitted pieces on tiny random models, the on-disk cache, and argument validation."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from jaxspec import autotree
+from jaxspec.autotree import (
+    AutoTreeResult,
+    RoundCost,
+    auto_tree,
+    default_cache_dir,
+    measure_round_cost,
+    measure_target_step,
+    tabulate,
+)
+from jaxspec.config import ModelConfig
+from jaxspec.model import init_model
+from jaxspec.optimize import optimize_tree
+from jaxspec.treespec import StaticTree, parse_tree
+
+# --------------------------------------------------------------------------- the choice
+
+
+def _linear_cost(base_s, per_node_s, per_level_s=0.0):
+    def cost(tree: StaticTree) -> RoundCost:
+        verify = base_s + per_node_s * tree.num_nodes
+        return RoundCost(verify_s=verify, round_s=verify + per_level_s * tree.depth)
+
+    return cost
+
+
+def test_docstring_example():
+    res = tabulate([0.8], (1, 2, 4), 8, _linear_cost(1e-3, 1e-4), 1e-3)
+    assert [r.budget for r in res.rows] == [1, 2, 4]
+    np.testing.assert_allclose([r.predicted_tau for r in res.rows], [1.8, 2.44, 3.3616])
+    np.testing.assert_allclose([r.round_s for r in res.rows], [1.1e-3, 1.2e-3, 1.4e-3])
+    assert res.budget == 4 and res.parents == (-1, 0, 1, 2)
+    assert res.predicted_speedup == pytest.approx(3.3616 / 1.4)
+    assert res.tokens_per_s == pytest.approx(3.3616 / 1.4e-3)
+    assert "*    4" in res.table()
+
+
+@pytest.mark.parametrize("acceptance", [[0.6, 0.2, 0.1], [0.8, 0.05], [0.3, 0.3, 0.3]])
+@pytest.mark.parametrize("per_node", [1e-5, 2e-4, 1e-3, 5e-3])
+def test_choice_is_the_argmax_of_predicted_tokens_per_second(acceptance, per_node):
+    """Independent recomputation: tau from optimize_tree, round time from the injected
+    cost; the chosen row is the argmax of tau / round_s, and cheap nodes favour big trees
+    while expensive ones favour small trees."""
+    budgets = (1, 2, 3, 5, 8, 13, 21)
+    cost = _linear_cost(1e-3, per_node, per_level_s=2e-4)
+    res = tabulate(acceptance, budgets, 6, cost, 2e-3)
+    want = []
+    for n in budgets:
+        opt = optimize_tree(acceptance, n, 6)
+        rc = cost(StaticTree.from_parents(opt.parents))
+        want.append(opt.expected_tokens / rc.round_s)
+    got = [r.tokens_per_s for r in res.rows]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert res.budget == budgets[int(np.argmax(want))]
+    np.testing.assert_allclose([r.speedup for r in res.rows], np.asarray(want) * 2e-3)
+    if per_node == 1e-5:
+        assert res.budget >= 8
+    if per_node == 5e-3:
+        assert res.budget <= 2
+
+
+def test_ties_go_to_the_smaller_budget():
+    # acceptance only at rank 0 and depth <= 1: every budget has tau 1.8 and equal cost
+    res = tabulate([0.8], (4, 1, 2), 1, lambda tree: RoundCost(1.0, 1.0), 1.0)
+    assert res.budget == 1 and [r.budget for r in res.rows] == [1, 2, 4]
+
+
+def test_round_trip_dict():
+    res = tabulate([0.6, 0.2], (2, 4), 3, _linear_cost(1e-3, 1e-4), 1e-3)
+    back = AutoTreeResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back == res
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(budgets=()), r"budgets: expected a non-empty sequence"),
+        (dict(budgets="4"), r"budgets: expected a non-empty sequence"),
+        (dict(budgets=(2, 0)), r"budgets\[1\] = 0: expected an integer node count >= 1"),
+        (dict(budgets=(2, 2.5)), r"budgets\[1\] = 2.5"),
+        (dict(budgets=(2, 2)), r"budgets: expected distinct node counts"),
+        (dict(max_depth=0), r"max_depth: expected an integer >= 1, got 0"),
+        (dict(target_step_s=0.0), r"target_step_s: expected seconds > 0"),
+        (dict(round_cost=lambda t: RoundCost(1.0, 0.0)), r"round_cost: budget 2: round_s = 0.0"),
+        (dict(acceptance=[0.9, 0.9]), r"acceptance: sums to 1.8"),
+    ],
+)
+def test_tabulate_validation(kwargs, match):
+    args = dict(acceptance=[0.5], budgets=(2, 4), max_depth=3,
+                round_cost=lambda t: RoundCost(1.0, 1.0), target_step_s=1.0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        tabulate(**args)
+
+
+def test_parse_tree_auto_says_it_needs_models():
+    with pytest.raises(ValueError, match=r"tree spec 'auto': .*needs the models.*auto_tree"):
+        parse_tree("auto")
+
+
+# --------------------------------------------------------------------------- real timings
+
+CFG = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+DCFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+STREAM = np.random.default_rng(0).integers(0, 64, size=4096).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return init_model(CFG, jax.random.key(0)), init_model(DCFG, jax.random.key(1))
+
+
+def test_costs_are_positive_and_grow_with_the_tree(pair):
+    target, draft = pair
+    small = measure_round_cost(target, draft, [-1], scheme="deterministic",
+                               context_len=64, loops=4, repeats=5)
+    big = measure_round_cost(target, draft, [-1] * 32, scheme="deterministic",
+                             context_len=64, loops=4, repeats=5)
+    for c in (small, big):
+        assert np.isfinite(c.round_s) and c.round_s > 0
+        assert np.isfinite(c.verify_s) and c.verify_s > 0
+    # 33 verified tokens and a 32-sibling acceptance walk vs 2 tokens and one sibling
+    assert big.round_s > small.round_s, (small, big)
+    assert big.round_s > big.verify_s  # the round contains the verification
+    step = measure_target_step(target, context_len=64, loops=4, repeats=3)
+    assert np.isfinite(step) and step > 0
+
+
+def _auto(pair, tmp_path, **kw):
+    target, draft = pair
+    args = dict(scheme="deterministic", temperature=1.0, budgets=(1, 3), max_depth=2,
+                held_out_tokens=STREAM, num_windows=4, window_len=32, loops=2, repeats=1,
+                context_len=64, cache_dir=tmp_path, progress=False)
+    args.update(kw)
+    return auto_tree(target, draft, **args)
+
+
+def test_cache_miss_hit_retune(pair, tmp_path, monkeypatch):
+    first = _auto(pair, tmp_path)
+    assert not first.from_cache and first.cache_path is not None
+    files = list(tmp_path.glob("autotree-*.json"))
+    assert [str(f) for f in files] == [first.cache_path]
+    assert first.budget in (1, 3) and len(first.rows) == 2
+    assert first.parents == next(r.parents for r in first.rows if r.budget == first.budget)
+    assert first.info["device_kind"] == jax.devices()[0].device_kind
+    assert len(first.acceptance) == 3  # max_rank capped by the largest budget
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a cache hit must not measure")
+
+    monkeypatch.setattr(autotree, "measure_round_cost", no_measuring)
+    monkeypatch.setattr(autotree, "measure_target_step", no_measuring)
+    hit = _auto(pair, tmp_path)
+    assert hit.from_cache and hit == first  # equality ignores from_cache / info
+    with pytest.raises(AssertionError, match="must not measure"):
+        _auto(pair, tmp_path, retune=True)
+    with pytest.raises(AssertionError, match="must not measure"):  # other settings: a miss
+        _auto(pair, tmp_path, temperature=0.5)
+    with pytest.raises(AssertionError, match="must not measure"):  # other held-out text
+        _auto(pair, tmp_path, held_out_tokens=STREAM[::-1].copy())
+    monkeypatch.undo()
+
+    again = _auto(pair, tmp_path, retune=True)
+    assert not again.from_cache and again.cache_path == first.cache_path
+    none = _auto(pair, tmp_path / "off", use_cache=False, budgets=(1,))
+    assert none.cache_path is None and not (tmp_path / "off").exists()
+
+
+def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXSPEC_CACHE_DIR", str(tmp_path / "env"))
+    assert default_cache_dir() == tmp_path / "env"
+    res = _auto(pair, None, budgets=(2,))
+    assert res.cache_path.startswith(str(tmp_path / "env"))
+    monkeypatch.delenv("JAXSPEC_CACHE_DIR")
+    assert str(default_cache_dir()).endswith(".cache/jaxspec")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(scheme="greedy"), r"scheme: expected one of"),
+        (dict(budgets=[]), r"budgets: expected a non-empty sequence"),
+        (dict(budgets=[0, 2]), r"budgets\[0\] = 0"),
+        (dict(budgets=[65]), r"budgets: 65 nodes could need more than vocab_size = 64"),
+        (dict(scheme="iid"), r"key: scheme='iid' draws siblings at random"),
+        (dict(max_depth=0), r"max_depth: expected an integer >= 1, got 0"),
+        (dict(temperature=-1.0), r"temperature"),
+        (dict(context_len=4), r"context_len: expected 6 <= context_len <= 128"),
+        (dict(context_len=500), r"context_len: expected 6 <= context_len <= 128"),
+        (dict(window_len=200), r"window_len: 200 exceeds max_position_embeddings = 128"),
+        (dict(held_out_tokens=STREAM.reshape(64, 64)), r"held_out_tokens: expected a 1-D integer"),
+        (dict(held_out_tokens=STREAM + 64), r"held_out_tokens: expected token ids in \[0, 64\)"),
+        (dict(held_out_tokens=STREAM[:8]), r"held_out_tokens: 8 tokens; expected at least"),
+        (dict(held_out_tokens=None), r"held_out_tokens: required for a vocabulary of 64 tokens"),
+        (dict(batch_size=0), r"batch_size: expected an integer >= 1, got 0"),
+    ],
+)
+def test_auto_tree_validation(pair, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _auto(pair, tmp_path, **kwargs)
+
+
+def test_auto_tree_model_validation(pair, tmp_path):
+    target, draft = pair
+    with pytest.raises(ValueError, match="target: expected a jaxspec.model.Transformer"):
+        auto_tree("default-target", draft, scheme="deterministic")
+    other = init_model(ModelConfig(vocab_size=65, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2), jax.random.key(2))
+    with pytest.raises(ValueError, match="draft: vocab_size = 65; expected the target's vocab_size = 64"):
+        auto_tree(target, other, scheme="deterministic")
+    with pytest.raises(ValueError, match=r"context_len: 4 cache slots cannot hold a round of 3"):
+        measure_round_cost(target, draft, [-1, 0, 1], scheme="deterministic", context_len=4)
