@@ -9,10 +9,18 @@ models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
     jaxspec generate --prompt "import os" --temperature 0 --tree branch:4,2,1 --scheme deterministic
     jaxspec generate --prompt "class Foo:" --baseline          # target-only sampling
     jaxspec generate --prompt "for i in" --json
+    jaxspec generate --prompt "def f(x):" --tree auto       # tree chosen for this device
+    jaxspec generate --prompt "def f(x):" --tree auto --retune --auto-budgets 4,8,16
     jaxspec generate --target models/SmolLM2-360M --draft models/SmolLM2-135M --prompt "def f(x):"
 
 At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
 target); at any temperature the speculative text has exactly the law of target sampling.
+
+``--tree auto`` runs :func:`jaxspec.autotree.auto_tree` for the pair, scheme and warp
+(acceptance on held-out text, round costs timed on this device; cached under
+``$JAXSPEC_CACHE_DIR`` or ``~/.cache/jaxspec``, ``--retune`` measures again), prints the
+table and the chosen tree to stderr (and under ``"auto_tree"`` in ``--json``), then
+generates with that tree.
 """
 
 from __future__ import annotations
@@ -42,6 +50,19 @@ def _int(s: str) -> int:
         return int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+
+
+def _budgets(s: str | None) -> tuple[int, ...] | None:
+    """``--auto-budgets`` "4,8,16" -> (4, 8, 16); None stays None (the default list)."""
+    if s is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or min(vals) < 1:
+        raise CLIError(f"--auto-budgets = {s!r}: expected comma-separated node counts >= 1, e.g. 4,8,16")
+    return vals
 
 
 class _Stream:
@@ -90,8 +111,14 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
     p.add_argument(
         "--tree", default=DEFAULT_TREE,
         help="tree spec: 'chain:K', 'branch:3,2,1', 'parents:-1,0,0', "
-        f"'dynamic:depth=4,topk=4,nodes=16' (default {DEFAULT_TREE})",
+        f"'dynamic:depth=4,topk=4,nodes=16', or 'auto' (measured for this device) (default {DEFAULT_TREE})",
     )
+    p.add_argument(
+        "--auto-budgets", default=None, metavar="N,N,...",
+        help="--tree auto: candidate node counts (default 2,4,6,8,12,16,24,32)",
+    )
+    p.add_argument("--auto-max-depth", type=_int, default=8, help="--tree auto: deepest level (default 8)")
+    p.add_argument("--retune", action="store_true", help="--tree auto: measure again, ignoring the cache")
     p.add_argument(
         "--scheme", default="without_replacement",
         choices=("iid", "without_replacement", "deterministic"),
@@ -120,7 +147,12 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         except ValueError as e:
             raise CLIError(str(e).replace("top_k", "--top-k").replace("top_p", "--top-p")) from None
         tree = None
-        if not args.baseline:
+        auto = args.tree.strip().lower() == "auto" and not args.baseline
+        if auto:
+            args.auto_budgets = _budgets(args.auto_budgets)
+            if args.auto_max_depth < 1:
+                raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
+        if not args.baseline and not auto:
             try:
                 tree = parse_tree(args.tree)
             except ValueError as e:
@@ -151,6 +183,10 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
                 f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
             )
+        auto_result = None
+        if auto:
+            auto_result = _auto_tree(args, target, draft, tok, len(ids))
+            tree = auto_result.parents
         key = jax.random.key(args.seed)
         common = dict(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -202,6 +238,8 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
             "seconds_with_compile": t_first,
             "accept_rate_per_depth": s["accept_rate_per_depth"],
         }
+        if auto_result is not None:
+            result["auto_tree"] = _auto_summary(auto_result)
         if args.json:
             print(json.dumps(result))
         else:
@@ -252,3 +290,70 @@ def _check_same_tokenizer(tok, dtok, args) -> None:
             f"{dtok.vocab_size} tokens vs {what(tok)}, {tok.vocab_size} tokens); speculative decoding "
             "needs a draft and a target that share one tokenizer"
         )
+
+
+def _auto_tree(args, target, draft, tok, prompt_len: int):
+    """Run (or read from the cache) :func:`jaxspec.autotree.auto_tree`; report to stderr."""
+    import jax
+
+    from jaxspec.autotree import DEFAULT_BUDGETS, auto_tree
+    from jaxspec.tokenizer import ByteTokenizer
+
+    ctx = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    asked = args.auto_budgets or DEFAULT_BUDGETS
+    room = ctx - prompt_len - args.max_new_tokens - 1  # generate's cache: prompt + new + N + 1
+    budgets = tuple(sorted({n for n in asked if n <= room}))
+    if not budgets:
+        raise CLIError(
+            f"--tree auto: no budget in {list(asked)} fits the context of {ctx} tokens with a "
+            f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes)"
+        )
+    held_out = None
+    if not isinstance(tok, ByteTokenizer):  # held-out text in the model's own tokens
+        from jaxspec.corpus import load_corpus
+
+        val = load_corpus().val
+        text = bytes(val[val < 256].astype("uint8")[:400_000]).decode("utf-8", errors="replace")
+        held_out = tok.encode(text)
+    try:
+        res = auto_tree(
+            target, draft, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, budgets=budgets, max_depth=args.auto_max_depth,
+            key=jax.random.key(0),  # the tuning draws, independent of --seed: one cache entry
+            held_out_tokens=held_out, retune=args.retune, progress=True,
+        )
+    except ValueError as e:
+        raise CLIError(f"--tree auto: {e}") from None
+    how = f"cached in {res.cache_path}" if res.from_cache else f"measured, saved to {res.cache_path}"
+    print(
+        f"-- auto tree ({how}):\n{res.table()}\n-- picked {res.budget} nodes, depth {res.depth}: "
+        f"parents:{','.join(map(str, res.parents))}; predicted tau {res.predicted_tau:.2f}, "
+        f"predicted speedup {res.predicted_speedup:.2f}x over target-only",
+        file=sys.stderr,
+    )
+    if res.predicted_speedup < 1.0:
+        print("-- note: no candidate is predicted to beat target-only decoding on this device "
+              "(--baseline decodes target-only)", file=sys.stderr)
+    return res
+
+
+def _auto_summary(res) -> dict:
+    """The ``"auto_tree"`` entry of ``--json``."""
+    return {
+        "parents": list(res.parents),
+        "budget": res.budget,
+        "depth": res.depth,
+        "predicted_tau": res.predicted_tau,
+        "predicted_speedup": res.predicted_speedup,
+        "predicted_tokens_per_second": res.tokens_per_s,
+        "target_step_seconds": res.target_step_s,
+        "acceptance": list(res.acceptance),
+        "from_cache": res.from_cache,
+        "cache_path": res.cache_path,
+        "table": [
+            {"budget": r.budget, "depth": r.depth, "predicted_tau": r.predicted_tau,
+             "verify_seconds": r.verify_s, "round_seconds": r.round_s,
+             "predicted_tokens_per_second": r.tokens_per_s, "predicted_speedup": r.speedup}
+            for r in res.rows
+        ],
+    }

@@ -27,6 +27,10 @@ def _run(capsys, *argv):
         (["--prompt", "x", "--top-k", "0"], "top-k"),
         (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["--prompt", ""], "--prompt"),
+        (["--prompt", "x", "--tree", "auto", "--auto-budgets", "0,2"], "--auto-budgets"),
+        (["--prompt", "x", "--tree", "auto", "--auto-budgets", "a"], "--auto-budgets"),
+        (["--prompt", "x", "--tree", "auto", "--auto-max-depth", "0"], "--auto-max-depth"),
+        (["--prompt", "x" * 200, "--tree", "auto", "--max-new-tokens", "60"], "--tree auto: no budget"),
     ],
 )
 def test_errors_are_clean(capsys, argv, needle):
@@ -49,3 +53,36 @@ def test_temperature_zero_speculative_equals_baseline(capsys):
     assert spec["tokens"] == base["tokens"] and spec["text"] == base["text"]
     assert spec["num_tokens"] == 24 and base["tokens_per_target_call"] == 1.0
     assert spec["tokens_per_target_call"] > 1.0  # the draft's guesses are accepted
+
+
+def test_tree_auto_end_to_end(capsys, monkeypatch, tmp_path):
+    """--tree auto measures the pair (small budgets), reports the table and the choice
+    on stderr and in --json, generates with the chosen tree, and caches the measurement:
+    the second call reads it back instead of measuring."""
+    monkeypatch.setenv("JAXSPEC_CACHE_DIR", str(tmp_path))
+    argv = ["--prompt", "def f(x):", "--tree", "auto", "--auto-budgets", "3,1",
+            "--auto-max-depth", "2", "--scheme", "deterministic", "--temperature", "1",
+            "--max-new-tokens", "16", "--json"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    res = json.loads(out)
+    auto = res["auto_tree"]
+    assert res["tree"] == "auto" and res["num_tokens"] == 16
+    assert [r["budget"] for r in auto["table"]] == [1, 3]
+    best = max(auto["table"], key=lambda r: r["predicted_tokens_per_second"])
+    assert auto["budget"] == best["budget"] and len(auto["parents"]) == auto["budget"]
+    assert auto["parents"][0] == -1 and max(r["depth"] for r in auto["table"]) <= 2
+    assert auto["predicted_tau"] == pytest.approx(best["predicted_tau"]) and auto["predicted_tau"] > 1
+    assert auto["predicted_speedup"] == pytest.approx(
+        best["predicted_tokens_per_second"] * auto["target_step_seconds"])
+    assert all(r["round_seconds"] > 0 and r["verify_seconds"] > 0 for r in auto["table"])
+    assert not auto["from_cache"] and auto["cache_path"].startswith(str(tmp_path))
+    parents = ",".join(map(str, auto["parents"]))
+    assert f"picked {auto['budget']} nodes" in err and f"parents:{parents}" in err, err
+    assert "Traceback" not in err
+
+    code, out, err = _run(capsys, *argv)  # same pair, settings and device: the cache
+    assert code == 0, err
+    again = json.loads(out)["auto_tree"]
+    assert again["from_cache"] and again["parents"] == auto["parents"]
+    assert again["table"] == auto["table"] and "cached in" in err
