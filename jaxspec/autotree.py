@@ -603,7 +603,7 @@ def auto_tree(
             except (ValueError, KeyError, TypeError):  # unreadable entry: measure again
                 pass
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     bar = tqdm(total=2 + len(budgets), desc="auto tree", file=sys.stderr, disable=not progress,
                leave=False)
