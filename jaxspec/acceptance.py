@@ -19,12 +19,14 @@ Sibling schemes (``q_k`` for the k-th child of a row whose draft law is ``q``):
 
 Branch-free form. The residual sequence along each row's sibling list depends only on the
 tokens, never on the uniforms, so every node's acceptance probability is computed up
-front, vectorized over rows, one step per sibling rank (full residual vectors only for
-rows that still have a sibling to judge: a chain needs none; the deterministic scheme is
-pure scalar arithmetic). The uniforms then pick the path with a few mask reductions, and
-only the one row the extra token is emitted from gets its residual recomputed (one row,
-one step per sibling). No data-dependent loop, so ``jax.vmap`` over millions of chains
-costs every lane the same.
+front, vectorized over rows, one step per sibling rank. No residual *vector* is ever
+stored: the residual keeps the closed form ``max(p - c(y) q, 0) / s`` with a scalar ``c``
+per row (and, without replacement, a frozen ``c`` per tried token), so a rejection costs
+one fused reduction over the vocabulary for the rows that still have a sibling to judge
+(a chain needs none; the deterministic scheme is pure scalar arithmetic). The uniforms
+then pick the path with a few mask reductions, and only the one row the extra token is
+emitted from is evaluated over the vocabulary. No data-dependent loop, so ``jax.vmap``
+over millions of chains costs every lane the same.
 
 Randomness: one independent uniform per node (each node is tested at most once) and one
 more, from a separate key, for the residual/bonus draw. No number is used twice.
@@ -39,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import sample_categorical
+from jaxspec.sampling import _sum_last, sample_categorical
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
 
@@ -82,6 +84,7 @@ class _Structure(NamedTuple):
     mask: object  # bool[N, N] ancestor-or-self
     depth: object  # int[N]
     parent_row: object  # int[N] = parents + 1, the row that judges each node
+    rank: object  # int[N] sibling rank of each node (0 = first child)
 
 
 def _structure(parents) -> _Structure:
@@ -89,8 +92,8 @@ def _structure(parents) -> _Structure:
         par = _tree.validate_parents(parents)
         n = par.shape[0]
         counts = np.bincount(par + 1, minlength=n + 1)
-        k = int(counts.max())
-        children = np.full((n + 1, k), -1, np.int32)
+        k = int(counts.max()) if n else 0
+        children = np.full((n + 1, max(k, 1)), -1, np.int32)
         fill = np.zeros(n + 1, np.int64)
         for j, p in enumerate(par.tolist()):
             children[p + 1, fill[p + 1]] = j
@@ -103,7 +106,8 @@ def _structure(parents) -> _Structure:
             if p >= 0:
                 mask[j] |= mask[p]
         depth = mask.sum(axis=1).astype(np.int32)
-        return _Structure(children, rows, earlier, mask, depth, par + 1)
+        rank = earlier.sum(axis=1).astype(np.int32)
+        return _Structure(children, rows, earlier, mask, depth, par + 1, rank)
     par = jnp.asarray(parents, jnp.int32)
     n = par.shape[0]
     idx = jnp.arange(n)
@@ -116,27 +120,70 @@ def _structure(parents) -> _Structure:
         mask,
         jnp.sum(mask, axis=1, dtype=jnp.int32),
         par + 1,
+        jnp.sum(earlier, axis=1, dtype=jnp.int32),
     )
 
 
 # ----------------------------------------------------------------------------------
-# Residual tables
+# Residual laws in closed form
 # ----------------------------------------------------------------------------------
+#
+# Rejecting siblings one by one never needs the residual *vector*: it stays of the form
+#
+#     res(y) = 0                               if y is a tried token that was zeroed
+#              max(p(y) - c(y) q(y), 0)        otherwise,      p^(k) = res / s,
+#
+# with c(y) one scalar ``c`` for every token not yet tried and, for a tried token, the
+# value c had right after it was rejected (it is frozen from then on). Rejecting the k-th
+# child x with proposal law q_k maps (c, s) as follows:
+#
+# * iid (q_k = q):  max(res / s - q, 0) = max(p - (c + s) q, 0) / s, so c <- c + s;
+# * without replacement (q_k = q restricted to the untried tokens / z, z = their q-mass):
+#   untried tokens get c <- c + s / z, tried ones keep theirs, and x is frozen at the new
+#   c; when the earlier siblings exhaust q's support (z = 0) q_k is a point mass on x,
+#   which zeroes x and leaves c alone;
+# * deterministic (q_k = point mass): x is zeroed (pure scalar arithmetic, see
+#   ``_deterministic_accept``);
+#
+# and then s <- sum(res) (one fused reduction over the vocabulary per row that still has
+# a sibling to judge; none for a chain). A rejection whose residual sums to 0 in float
+# (p == q up to rounding: an event of probability 0) keeps the previous law instead.
+# ``p`` enters unnormalized at k = 0 (s = 1), exactly as the sequential rule reads it.
 
 
-def _normalize_or_keep(res, fallback):
-    """normalize(res) per row; rows whose mass is 0 (p == q in float) keep ``fallback``.
+class _Law(NamedTuple):
+    """The residual law of rows (leading axes) in closed form, unnormalized.
 
-    A zero residual means the rejection it follows had probability 0 (up to float
-    rounding), so the fallback is never used by an exact-arithmetic path.
+    c:        float32[...]     c of the untried tokens
+    toks:     int32[..., J]    tried tokens in sibling order (-1 = empty entry)
+    tok_c:    float32[..., J]  their frozen c
+    tok_zero: bool[..., J]     zeroed instead (a point-mass proposal rejected them)
     """
-    s = jnp.sum(res, axis=-1, keepdims=True)
-    return jnp.where(s > 0, res / jnp.where(s > 0, s, 1.0), fallback)
+
+    c: jax.Array
+    toks: jax.Array
+    tok_c: jax.Array
+    tok_zero: jax.Array
 
 
-def _keep_if_positive(q, fallback):
-    s = jnp.sum(q, axis=-1, keepdims=True)
-    return jnp.where(s > 0, q, fallback)
+def _law_eval(law: _Law, y, p, q):
+    """res at tokens ``y`` with ``p = p(y)``, ``q = q(y)`` (all broadcast against the
+    law's leading axes; pass ``y = arange(V)`` and full rows for the whole vector).
+    Returns (res, c(y), zeroed(y)). The first entry of a repeated token wins."""
+    c = law.c
+    zero = jnp.zeros(jnp.broadcast_shapes(jnp.shape(y), jnp.shape(c)), jnp.bool_)
+    for j in reversed(range(law.toks.shape[-1])):
+        hit = law.toks[..., j] == y
+        c = jnp.where(hit, law.tok_c[..., j], c)
+        zero = jnp.where(hit, law.tok_zero[..., j], zero)
+    return jnp.where(zero, 0.0, jnp.maximum(p - c * q, 0.0)), c, zero
+
+
+def _law_rows(law: _Law, p, q):
+    """float32[R, V]: ``res`` of each row of ``law`` (leading axis R) for rows p, q [R, V]."""
+    iota = jnp.arange(p.shape[-1], dtype=jnp.int32)
+    expand = _Law(law.c[:, None], law.toks[:, None, :], law.tok_c[:, None, :], law.tok_zero[:, None, :])
+    return _law_eval(expand, iota[None, :], p, q)[0]
 
 
 def _ratio(px, qx):
@@ -145,27 +192,23 @@ def _ratio(px, qx):
     return jnp.where(qx > 0, jnp.minimum(1.0, px / safe_q), (px > 0).astype(px.dtype))
 
 
-def _sibling_law(q_row, q_rem, onehot, k, scheme):
-    """``q_k`` for rows whose k-th child has one-hot ``onehot`` [R, V]."""
-    if scheme == "iid":
-        return q_row
-    if scheme == "deterministic":
-        return onehot
-    if scheme == "without_replacement":
-        # k = 0: the row itself (bit-for-bit, as jaxspec.sampling.sibling_laws);
-        # exhausted support -> a point mass on the (deterministic) candidate
-        return _keep_if_positive(q_rem, onehot) if k == 0 else _normalize_or_keep(q_rem, onehot)
-    raise ValueError(f"scheme = {scheme!r}; expected one of {SCHEMES}")
+def _child_tokens(st, tokens):
+    """int32[N + 1, K]: the token of each row's k-th child, -1 where there is none."""
+    ch = st.children
+    if isinstance(ch, np.ndarray):
+        safe = np.maximum(ch, 0)
+    else:
+        safe = jnp.maximum(ch, 0)
+    return jnp.where(jnp.asarray(ch) >= 0, tokens[safe], -1)
 
 
-def _deterministic_accept(st, tokens, p_rows):
+def _deterministic_accept(st, tokens, px):
     """Scalar form for point-mass siblings: p^(k) = p with earlier tokens zeroed, renormalized.
 
     a_j = 0 for a duplicate of an earlier sibling, else p(x_j) / (1 - removed mass).
     No pass over the vocabulary.
     """
     earlier = jnp.asarray(st.earlier_sibling)  # [N, N]
-    px = p_rows  # [N] target prob of each node's token under its parent's row
     same_tok = tokens[:, None] == tokens[None, :]
     dup = jnp.any(earlier & same_tok, axis=1)  # [N]
     removed = jnp.sum(jnp.where(earlier & ~dup[None, :], px[None, :], 0.0), axis=1)
@@ -174,80 +217,239 @@ def _deterministic_accept(st, tokens, p_rows):
     return jnp.where(dup, 0.0, jnp.clip(a, 0.0, 1.0))
 
 
-def _node_accept_probs(st, tokens, P, Q, scheme):
-    """float32[N]: P(node accepted | tried). Full residual vectors are materialized only
-    for rows that still have a next sibling to judge; a chain needs none."""
+def _pick(a, idx):
+    """``a[idx]`` along the leading axis for a static numpy index: a slice when ``idx``
+    is a contiguous range (breadth-first trees: almost always), so XLA fuses it instead
+    of emitting a gather and a transposing copy; ``a`` itself for the identity."""
+    idx = np.asarray(idx)
+    if idx.size and np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size)):
+        if idx[0] == 0 and idx.size == a.shape[0]:
+            return a
+        return a[int(idx[0]) : int(idx[0]) + idx.size]
+    return a[idx]
+
+
+def _take(P, rows, toks):
+    """float32[R]: ``P[rows[i], toks[i]]`` (rows static numpy, toks traced)."""
+    return jnp.take_along_axis(_pick(P, rows), toks[:, None], axis=1)[:, 0]
+
+
+#: static trees with at most this many probability cells ((N + 1) * V) are stepped
+#: densely, every row at every rank (see ``_walk``)
+_DENSE_MAX_CELLS = 0
+
+
+def _keep(mask, new, old):
+    """``new`` where ``mask`` (None = everywhere: static rows are all in play)."""
+    return new if mask is None else jnp.where(mask, new, old)
+
+
+def _walk(st, tokens, P, Q, scheme):
+    """Every node's acceptance probability and every row's final residual law.
+
+    Returns ``(accept float32[N], law)``: ``accept[j]`` = P(node j accepted | tried);
+    ``law`` (:class:`_Law` with leading axis N + 1) = the residual of row r once all of
+    its children were rejected -- for a leaf row, the row itself (the bonus law).
+
+    One step per sibling rank, vectorized over the rows that have a child of that rank
+    (static trees: exactly those rows; traced trees: every row, masked).
+    """
     n = tokens.shape[0]
-    v = P.shape[-1]
+    kids = _child_tokens(st, tokens)  # [N + 1, K], -1 where no child
+    num_ranks = kids.shape[1]
     parent_row = jnp.asarray(st.parent_row)
+    static = st.rows_by_rank is not None
     if scheme == "deterministic":
-        return _deterministic_accept(st, tokens, P[parent_row, tokens])
-    accept = jnp.zeros((n,), jnp.float32)
-    per_rank = []  # static trees: acceptance per rank, in rows_by_rank order
-    num_ranks = st.children.shape[1]
-    p_rows = q_rem = None  # residual / remaining-q vectors of the rows in play
+        accept = _deterministic_accept(st, tokens, _take(P, np.asarray(st.parent_row), tokens) if static else P[parent_row, tokens])
+        law = _Law(
+            jnp.zeros((n + 1,), jnp.float32),
+            kids,
+            jnp.zeros(kids.shape, jnp.float32),
+            jnp.ones(kids.shape, jnp.bool_),
+        )
+        return accept, law
+    track = scheme == "without_replacement"  # iid: the residual ignores which tokens
+    # Static trees over large rows step only the rows that have a child of each rank;
+    # small problems step every row, masked (fewer, larger fused ops: faster under vmap).
+    static = static and (n + 1) * P.shape[-1] > _DENSE_MAX_CELLS
+    rows = st.rows_by_rank[0] if static else np.arange(n + 1)  # rows in play
+    c = jnp.zeros(rows.shape, jnp.float32)
+    s = jnp.ones(rows.shape, jnp.float32)
+    z = jnp.ones(rows.shape, jnp.float32)  # wr: q-mass of the untried tokens (k = 0: q)
+    exh = jnp.zeros(rows.shape, jnp.bool_)  # wr: that mass is 0 -> point-mass proposals
+    ent_tok, ent_c, ent_zero = [], [], []  # wr: entries of the tried ranks, each [R]
+    per_rank, fin_c, fin_entry, cont_entry = [], [], [], []
+    c_final = jnp.zeros((n + 1,), jnp.float32)  # traced: c after each row's last child
     for k in range(num_ranks):
-        if st.rows_by_rank is not None:
-            rows = st.rows_by_rank[k]  # static rows with a k-th child
-            child = st.children[rows, k]  # static node ids
+        x = _pick(kids[:, k], rows)  # [R]
+        has = None if static else x >= 0
+        xi = jnp.maximum(x, 0)
+        px, qx = _take(P, rows, xi), _take(Q, rows, xi)  # [R]
+        law = _Law(c, _stack(ent_tok, x), _stack(ent_c, c), _stack(ent_zero, exh))
+        res_x, c_x, zero_x = _law_eval(law, x, px, qx)
+        if track:
+            z_safe = jnp.where(z > 0, z, 1.0)
+            seen = jnp.any(law.toks == x[:, None], axis=-1)
+            qk = jnp.where(exh, 1.0, jnp.where(seen, 0.0, qx / z_safe))
+            c_new = jnp.where(exh, c, c + s / z_safe)
         else:
-            rows = np.arange(n + 1)
-            child = st.children[:, k]  # traced, -1 where absent
-        has = child >= 0  # [R]
-        x = tokens[jnp.maximum(child, 0)]  # [R]
-        if k == 0:
-            px = P[rows, x]
-            qx = Q[rows, x]
-        else:
-            px = jnp.take_along_axis(p_rows, x[:, None], axis=1)[:, 0]
-            onehot = jax.nn.one_hot(x, v, dtype=jnp.float32)
-            qk = _sibling_law(Q[rows], q_rem, onehot, k, scheme)
-            qx = jnp.take_along_axis(qk, x[:, None], axis=1)[:, 0]
-        if st.rows_by_rank is not None:
-            per_rank.append(_ratio(px, qx))  # static node order: gathered below
-        else:
-            accept = accept.at[jnp.where(has, child, n)].set(_ratio(px, qx), mode="drop")
+            qk = qx
+            c_new = c + s
+        per_rank.append(_ratio(res_x / s, qk))
+        fin_c.append(c_new)  # for rows whose last child this is (no fallback check)
+        fin_entry.append((x, c_new, exh))
+        if not static:
+            c_final = jnp.where(has, c_new, c_final)
         if k + 1 == num_ranks:
             break
-        # residual after rejecting the k-th child, for the rows that have a (k+1)-th one
-        if st.rows_by_rank is not None:
+        # reject x and move on, for the rows that have a (k + 1)-th child
+        if static:
             nxt = st.rows_by_rank[k + 1]
             sub = np.searchsorted(rows, nxt)  # positions of the next rows within `rows`
+            sel = lambda a, sub=sub: _pick(a, sub)  # noqa: E731
+            more = None
         else:
-            nxt, sub = rows, rows
-        xs, hs = x[sub], has[sub]
-        onehot = jax.nn.one_hot(xs, v, dtype=jnp.float32)  # [R', V]
-        p_prev = P[nxt] if k == 0 else p_rows[sub]
-        q_prev = Q[nxt] if k == 0 else q_rem[sub]
-        qk = _sibling_law(Q[nxt], q_prev, onehot, k, scheme)
-        p_new = _normalize_or_keep(jnp.maximum(p_prev - qk, 0.0), p_prev)
-        p_rows = jnp.where(hs[:, None], p_new, p_prev)
-        q_rem = jnp.where(hs[:, None], q_prev * (1.0 - onehot), q_prev)
-    if st.rows_by_rank is not None:
+            nxt = rows
+            sel = lambda a: a  # noqa: E731
+            more = kids[:, k + 1] >= 0
+        if track:
+            law_new = _Law(
+                sel(c_new),
+                jnp.stack([sel(t) for t in ent_tok] + [sel(x)], -1),
+                jnp.stack([sel(t) for t in ent_c] + [sel(c_new)], -1),
+                jnp.stack([sel(t) for t in ent_zero] + [sel(exh)], -1),
+            )
+        else:
+            law_new = _Law(sel(c_new), *(a[:, :0] for a in _empty_entries(sel(c_new))))
+        pv, qv = _pick(P, nxt), _pick(Q, nxt)  # [R', V]
+        s_new = _sum_last(_law_rows(law_new, pv, qv))  # [R'] one pass over the rows
+        fb = s_new <= 0  # a probability-0 rejection: keep the previous law
+        c = _keep(more, jnp.where(fb, sel(c), law_new.c), sel(c))
+        s = _keep(more, jnp.where(fb, sel(s), s_new), sel(s))
+        if not track:
+            rows = nxt
+            continue
+        cont = (sel(x), jnp.where(fb, sel(c_x), law_new.c), jnp.where(fb, sel(zero_x), sel(exh)))
+        cont_entry.append(cont)
+        iota = jnp.arange(P.shape[-1], dtype=jnp.int32)
+        tried = jnp.any(law_new.toks[:, :, None] == iota[None, None, :], axis=1)  # [R', V]
+        z_new = _sum_last(jnp.where(tried, 0.0, qv))  # [R']
+        exh = _keep(more, z_new <= 0, sel(exh))
+        z = _keep(more, z_new, sel(z))
+        ent_tok = [sel(t) for t in ent_tok] + [_keep(more, sel(x), jnp.full_like(sel(x), -1))]
+        ent_c = [sel(t) for t in ent_c] + [cont[1]]
+        ent_zero = [sel(t) for t in ent_zero] + [cont[2]]
+        rows = nxt
+    accept = _gather_accept(st, per_rank, n, static)
+    if static:
+        law = _assemble_static(st, kids, fin_c, fin_entry, cont_entry, track)
+    else:
+        law = _assemble_traced(kids, c_final, fin_entry, cont_entry, track)
+    return accept, law
+
+
+def _empty_entries(like):
+    """(toks, tok_c, tok_zero) with no entries, leading shape of ``like``."""
+    shape = jnp.shape(like) + (1,)
+    return (
+        jnp.zeros(shape, jnp.int32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros(shape, jnp.bool_),
+    )
+
+def _stack(entries, like):
+    """[R, J] from J arrays [R] (J may be 0: an empty [R, 0] of ``like``'s dtype)."""
+    if entries:
+        return jnp.stack(entries, axis=-1)
+    return jnp.zeros(jnp.shape(like) + (0,), jnp.result_type(like))
+
+
+def _gather_accept(st, per_rank, n, subsets):
+    """float32[N] in node order from the per-rank acceptance vectors (``subsets``: each
+    covers rows_by_rank[k]; else every row)."""
+    if subsets:
         order = np.concatenate([st.children[r, k] for k, r in enumerate(st.rows_by_rank)])
-        accept = jnp.concatenate(per_rank)[np.argsort(order)]  # static permutation
-    return accept
+        return jnp.concatenate(per_rank)[np.argsort(order)]  # static permutation
+    table = jnp.stack(per_rank)  # [K, N + 1]: rank k, row r
+    return table[jnp.asarray(st.rank), jnp.asarray(st.parent_row)]
+
+
+def _assemble_static(st, kids, fin_c, fin_entry, cont_entry, track):
+    """Per-row final laws [N + 1] of a static tree, by static gathers from the per-rank
+    vectors (row r ends after its K_r-th child: rank K_r - 1)."""
+    rows_by_rank = st.rows_by_rank
+    n1 = kids.shape[0]
+    num_children = np.zeros(n1, np.int64)
+    for rows in rows_by_rank:
+        num_children[rows] += 1
+    pos = [{int(r): i for i, r in enumerate(rows)} for rows in rows_by_rank]
+    offsets = np.cumsum([0] + [len(r) for r in rows_by_rank])
+    dummy = int(offsets[-1])  # index of the appended default entry
+    c_idx = np.array(
+        [offsets[kr - 1] + pos[kr - 1][r] if kr else dummy for r, kr in enumerate(num_children)]
+    )
+    c_final = jnp.concatenate(fin_c + [jnp.zeros((1,), jnp.float32)])[c_idx]
+    k = kids.shape[1]
+    if not track:
+        empty = jnp.zeros((n1, 0), jnp.float32)
+        return _Law(c_final, jnp.zeros((n1, 0), jnp.int32), empty, empty.astype(jnp.bool_))
+    # entry (r, j): the continuing version (rank j + 1 exists), else the final one
+    fin_off = offsets
+    cont_off = offsets[-1] + 1 + np.cumsum([0] + [len(r) for r in rows_by_rank[1:]])
+    idx = np.full((n1, k), dummy, np.int64)
+    for r in range(n1):
+        for j in range(int(num_children[r])):
+            if j + 1 < num_children[r]:
+                idx[r, j] = cont_off[j] + pos[j + 1][r]
+            else:
+                idx[r, j] = fin_off[j] + pos[j][r]
+    tok_c = jnp.concatenate(
+        [e[1] for e in fin_entry] + [jnp.zeros((1,), jnp.float32)] + [e[1] for e in cont_entry]
+    )[idx]
+    tok_zero = jnp.concatenate(
+        [e[2] for e in fin_entry] + [jnp.zeros((1,), jnp.bool_)] + [e[2] for e in cont_entry]
+    )[idx]
+    return _Law(c_final, kids, tok_c, tok_zero)
+
+
+def _assemble_traced(kids, c_final, fin_entry, cont_entry, track):
+    """Per-row final laws [N + 1] of a traced tree (every rank vector covers every row)."""
+    n1, k = kids.shape
+    if not track:
+        empty = jnp.zeros((n1, 0), jnp.float32)
+        return _Law(c_final, jnp.zeros((n1, 0), jnp.int32), empty, empty.astype(jnp.bool_))
+    cols_c, cols_z = [], []
+    for j in range(k):
+        if j + 1 < k:
+            more = kids[:, j + 1] >= 0
+            cols_c.append(jnp.where(more, cont_entry[j][1], fin_entry[j][1]))
+            cols_z.append(jnp.where(more, cont_entry[j][2], fin_entry[j][2]))
+        else:
+            cols_c.append(fin_entry[j][1])
+            cols_z.append(fin_entry[j][2])
+    return _Law(c_final, kids, jnp.stack(cols_c, -1), jnp.stack(cols_z, -1))
+
+
+def _row_law(law: _Law, row, P, Q):
+    """float32[V]: the (unnormalized) law emitted at ``row`` (a traced scalar); a row
+    whose residual sums to 0 in float falls back to its target row ``p`` (probability-0
+    event; never NaN, never a token p excludes)."""
+    r = jax.tree.map(lambda a: a[row], law)
+    p, q = P[row], Q[row]
+    res = _law_eval(r, jnp.arange(p.shape[-1], dtype=jnp.int32), p, q)[0]
+    return jnp.where(_sum_last(res) > 0, res, p)
+
+
+def _node_accept_probs(st, tokens, P, Q, scheme):
+    """float32[N]: P(node accepted | tried)."""
+    return _walk(st, tokens, P, Q, scheme)[0]
 
 
 def _row_residual(st, row, tokens, P, Q, scheme):
-    """float32[V]: the law emitted at ``row`` (traced scalar) once all its children were
-    rejected; for a leaf row, the row itself (the bonus law)."""
-    v = P.shape[-1]
-    p = P[row]
-    q_row = Q[row]
-    kids = jnp.asarray(st.children)[row]  # [K], -1 padded
-    if scheme == "deterministic":
-        x = tokens[jnp.maximum(kids, 0)]
-        hit = jnp.zeros((v,), jnp.bool_).at[jnp.where(kids >= 0, x, v)].set(True, mode="drop")
-        return _normalize_or_keep(jnp.where(hit, 0.0, p), p)
-    q_rem = q_row
-    for k in range(kids.shape[0]):
-        has = kids[k] >= 0
-        onehot = jax.nn.one_hot(tokens[jnp.maximum(kids[k], 0)], v, dtype=jnp.float32)
-        qk = _sibling_law(q_row, q_rem, onehot, k, scheme)
-        p = jnp.where(has, _normalize_or_keep(jnp.maximum(p - qk, 0.0), p), p)
-        q_rem = jnp.where(has, q_rem * (1.0 - onehot), q_rem)
-    return p
+    """float32[V]: the normalized law emitted at ``row`` (traced scalar) once all its
+    children were rejected; for a leaf row, the row itself (the bonus law)."""
+    law = _row_law(_walk(st, tokens, P, Q, scheme)[1], row, P, Q)
+    return law / jnp.sum(law)
 
 
 def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: str):
@@ -256,22 +458,44 @@ def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: 
     Returns ``(accept_prob float32[N], residual float32[N + 1, V])``: ``accept_prob[j]`` is
     the probability that node j is accepted *given that it is tried*; ``residual[r]`` is
     the law emitted at row r when all of its children are rejected (for a leaf row,
-    the row itself: the bonus law). Pure and jit-safe; no input validation. (The rule
-    itself computes only the one residual row it emits from.)
+    the row itself: the bonus law), normalized. Pure and jit-safe; no input validation.
+    (The rule itself evaluates only the one residual row it emits from.)
     """
     st = _structure(parents)
     tokens = jnp.asarray(tokens, jnp.int32)
     P = jnp.asarray(target_probs, jnp.float32)
     Q = jnp.asarray(draft_probs, jnp.float32)
-    accept = _node_accept_probs(st, tokens, P, Q, scheme)
+    accept, law = _walk(st, tokens, P, Q, scheme)
     rows = jnp.arange(tokens.shape[0] + 1)
-    residual = jax.vmap(lambda r: _row_residual(st, r, tokens, P, Q, scheme))(rows)
-    return accept, residual
+    residual = jax.vmap(lambda r: _row_law(law, r, P, Q))(rows)
+    return accept, residual / jnp.sum(residual, axis=-1, keepdims=True)
 
 
 # ----------------------------------------------------------------------------------
 # The rule
 # ----------------------------------------------------------------------------------
+
+
+def _choose_path(st, accept_prob, u):
+    """Branch-free path choice: a node is *chosen* when its test passes and no earlier
+    sibling's did (siblings in order); it is on the path when it and every ancestor are
+    chosen. -> (num_accepted int32, last int32 (-1 when none), accepted_nodes int32[N]:
+    the on-path node of depth d + 1 at d, -1 past the path)."""
+    n = accept_prob.shape[0]
+    acc = u < accept_prob  # [N]
+    chosen = acc & ~jnp.any(jnp.asarray(st.earlier_sibling) & acc[None, :], axis=1)
+    mask = jnp.asarray(st.mask)
+    depth = jnp.asarray(st.depth, jnp.int32)
+    on_path = ~jnp.any(mask & ~chosen[None, :], axis=1)  # [N]
+    num_accepted = jnp.sum(on_path, dtype=jnp.int32)
+    # Masked max-reductions, not scatters or argmax (both slow under vmap on CPU). Node
+    # indices grow along every path (parents[i] < i): the deepest on-path node is the
+    # on-path node of largest index, -1 when there is none.
+    idx = jnp.arange(n, dtype=jnp.int32)
+    last = jnp.max(jnp.where(on_path, idx, -1))
+    at_depth = (depth[None, :] == idx[:, None] + 1) & on_path[None, :]  # [D = N, N]
+    accepted_nodes = jnp.max(jnp.where(at_depth, idx[None, :], -1), axis=1)  # [N]
+    return num_accepted, last, accepted_nodes
 
 
 def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
@@ -280,39 +504,20 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     n = tokens.shape[0]
     P = jnp.asarray(target_probs, jnp.float32)  # [N + 1, V]
     Q = jnp.asarray(draft_probs, jnp.float32)  # [N + 1, V]
-    accept_prob = _node_accept_probs(st, tokens, P, Q, scheme)  # [N]
+    accept_prob, law = _walk(st, tokens, P, Q, scheme)  # [N], rows' final laws
     key_accept, key_emit = jax.random.split(key)
     u = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
-    acc = u < accept_prob  # [N]
-    # A node is chosen when it accepts and no earlier sibling did (siblings in order).
-    chosen = acc & ~jnp.any(jnp.asarray(st.earlier_sibling) & acc[None, :], axis=1)
-    # On the path when it and every ancestor are chosen.
-    mask = jnp.asarray(st.mask)
-    depth = jnp.asarray(st.depth, jnp.int32)
-    on_path = ~jnp.any(mask & ~chosen[None, :], axis=1)  # [N]
-    num_accepted = jnp.sum(on_path, dtype=jnp.int32)
-    idx = jnp.arange(n, dtype=jnp.int32)
-    last = jnp.where(num_accepted > 0, jnp.argmax(jnp.where(on_path, depth, 0)), -1)
-    last = last.astype(jnp.int32)
-    emit_row = _row_residual(st, last + 1, tokens, P, Q, scheme)  # [V]
-    extra = sample_categorical(key_emit, emit_row).astype(jnp.int32)
-
-    # accepted_nodes[d] = the on-path node of depth d + 1 (unique), -1 past the path;
-    # masked reductions rather than scatters (cheaper under vmap)
-    at_depth = (depth[None, :] == idx[:, None] + 1) & on_path[None, :]  # [D=N, N]
-    accepted_nodes = jnp.where(
-        jnp.any(at_depth, axis=1), jnp.argmax(at_depth, axis=1).astype(jnp.int32), -1
-    )
+    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u)
+    extra = sample_categorical(key_emit, _row_law(law, last + 1, P, Q)).astype(jnp.int32)
     path_tokens = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
     out = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])  # [N + 1]
     out = jnp.where(jnp.arange(n + 1) == num_accepted, extra, out)
-    per_depth = (accepted_nodes >= 0).astype(jnp.int32)
     return AcceptResult(
         tokens=out,
         num_tokens=num_accepted + 1,
         num_accepted=num_accepted,
         accepted_nodes=accepted_nodes,
-        accepted_per_depth=per_depth,
+        accepted_per_depth=(accepted_nodes >= 0).astype(jnp.int32),
         last_node=last,
     )
 

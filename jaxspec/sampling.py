@@ -7,8 +7,9 @@ Two halves:
   proposal law, so ``q`` is always computed exactly as the draws were made.
 * **Draws** propose sibling tokens from a draft row and return, next to each token, the
   exact law it was drawn from (``q_k`` of DESIGN §2). :func:`sibling_laws` is the single
-  definition of those laws; the acceptance rule derives ``q_k`` with it too, so that the
-  laws used to accept are bit-for-bit the laws used to draw.
+  definition of those laws; the acceptance rule uses the same laws in closed form (the
+  draft row restricted to the untried tokens over their mass, or a point mass once that
+  mass is 0), checked against it in tests/test_accept.py.
 
 Example (V = 4)::
 
@@ -28,6 +29,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 __all__ = [
@@ -212,27 +214,98 @@ def _clean(probs):
     return jnp.where(p > 0, p, 0.0)
 
 
-def _inverse_cdf(u, probs):
-    """int32[...]: inverse-CDF draw with uniforms ``u`` [...] from ``probs`` [..., V].
+#: vocabularies up to this size get a one-level inverse CDF; larger ones two levels
+_ONE_LEVEL_MAX_V = 64
 
-    Semantics of ``searchsorted(cdf, u * total, side='right')`` (first index whose cdf
-    exceeds the target), evaluated as a masked first-index reduction so that a parallel
-    float32 cumsum that is not exactly monotone can never select a zero-probability
-    token. If no cell qualifies (``u * total`` rounded up to ``total``) the last
-    positive-probability token is returned; if the total is 0, index 0.
+_HIGHEST = lax.Precision.HIGHEST  # exact f32 sums on every backend (no bf16 / TF32 passes)
+
+
+def _prefix_sums(x):
+    """Inclusive prefix sums over the last axis as a product with a constant upper
+    triangle: one vectorized matmul instead of ``cumsum``'s log-depth scan (which XLA's
+    CPU backend runs as a chain of slices). ``precision=HIGHEST`` keeps full float32
+    accuracy on TPU and GPU, whose default matmul precision drops mantissa bits."""
+    m = x.shape[-1]
+    tri = np.triu(np.ones((m, m), np.float32))  # tri[i, j] = 1 if i <= j
+    return jnp.matmul(x, tri, precision=_HIGHEST)
+
+
+def _sum_last(x):
+    """Sum over the last axis as a product with a ones vector (``precision=HIGHEST``):
+    XLA's CPU backend runs a fused elementwise-then-reduce over a long row several times
+    slower than materializing it and calling its vectorized matmul."""
+    return jnp.matmul(x, np.ones((x.shape[-1],), np.float32), precision=_HIGHEST)
+
+
+def _first_above(p, cdf, target):
+    """int32[...]: the first cell with ``p > 0`` and ``cdf > target``; if none qualifies
+    (``target`` rounded up to the total) the last cell with ``p > 0``; 0 if ``p`` has no
+    positive cell. A masked first-index search, so a float32 prefix sum that is not
+    exactly monotone can never select a zero-probability cell.
+
+    One min-reduction over a key that ranks every qualifying cell (by index) before every
+    other positive cell (by reverse index) before the rest -- XLA's CPU backend runs
+    ``argmax`` (a two-operand reduction) several times slower than a plain ``min``.
+    """
+    v = p.shape[-1]
+    iota = jnp.arange(v, dtype=jnp.int32)
+    pos = p > 0
+    hit = pos & (cdf > target[..., None])
+    key = jnp.min(jnp.where(hit, iota, jnp.where(pos, 2 * v - 1 - iota, 2 * v)), axis=-1)
+    return jnp.where(key < v, key, jnp.where(key < 2 * v, 2 * v - 1 - key, 0)).astype(jnp.int32)
+
+
+def _block_size(v: int) -> int:
+    """Cells per block of the two-level search: a divisor of V near sqrt(V) when there
+    is one (no tail block), else ceil(sqrt(V))."""
+    root = math.isqrt(v - 1) + 1
+    for d in range(root, 2 * root + 1):
+        if v % d == 0:
+            return d
+    for d in range(root - 1, max(root // 2, 1) - 1, -1):
+        if v % d == 0:
+            return d
+    return root
+
+
+def _inverse_cdf(u, probs):
+    """int32[...]: inverse-CDF draw with uniforms ``u`` [...] from ``probs`` [..., V]
+    (unnormalized is fine: the target is ``u * total``).
+
+    Semantics of ``searchsorted(cdf, u * total, side='right')``: the first cell whose
+    cumulative mass exceeds the target; never a zero-probability cell (see
+    :func:`_first_above`); a row with no positive cell returns 0.
+
+    Small V: one prefix sum. Large V: two levels -- sums of blocks of about sqrt(V)
+    cells (one fused pass over the row, nothing V-wide is written), the first block whose
+    cumulative mass exceeds the target, then the first cell within that block whose
+    cumulative mass exceeds what is left. The law is the same (exact in real
+    arithmetic); the work is one read of the row plus O(sqrt(V)^2).
     """
     p = _clean(probs)  # [..., V]
     v = p.shape[-1]
-    cdf = jnp.cumsum(p, axis=-1)  # [..., V]
-    total = cdf[..., -1]  # [...]
-    target = (u * total)[..., None]  # [..., 1]
-    pos = p > 0
-    hit = pos & (cdf > target)
-    first = jnp.argmax(hit, axis=-1)
-    last_pos = v - 1 - jnp.argmax(pos[..., ::-1], axis=-1)  # == v - 1 if none positive
-    any_pos = jnp.any(pos, axis=-1)
-    out = jnp.where(jnp.any(hit, axis=-1), first, jnp.where(any_pos, last_pos, 0))
-    return out.astype(jnp.int32)
+    if v <= _ONE_LEVEL_MAX_V:
+        cdf = _prefix_sums(p)  # [..., V]
+        return _first_above(p, cdf, u * cdf[..., -1])
+    bs = _block_size(v)
+    nfull, tail = divmod(v, bs)
+    lead = p.shape[:-1]
+    main = p[..., : nfull * bs].reshape(*lead, nfull, bs)  # [..., nfull, bs]
+    bsum = _sum_last(main)  # [..., nfull]
+    if tail:
+        last = jnp.pad(p[..., nfull * bs :], [(0, 0)] * len(lead) + [(0, bs - tail)])  # [..., bs]
+        bsum = jnp.concatenate([bsum, _sum_last(last)[..., None]], axis=-1)
+    bcdf = _prefix_sums(bsum)  # [..., nb]
+    target = u * bcdf[..., -1]
+    b = _first_above(bsum, bcdf, target)  # [...], a block with positive mass (or 0)
+    before = jnp.where(
+        b > 0, jnp.take_along_axis(bcdf, jnp.maximum(b - 1, 0)[..., None], axis=-1)[..., 0], 0.0
+    )
+    row = jnp.take_along_axis(main, jnp.minimum(b, nfull - 1)[..., None, None], axis=-2)[..., 0, :]
+    if tail:
+        row = jnp.where((b == nfull)[..., None], last, row)  # [..., bs]
+    j = _first_above(row, _prefix_sums(row), target - before)
+    return (b * bs + j).astype(jnp.int32)
 
 
 def sample_categorical(key, probs):

@@ -119,3 +119,40 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
     )
     s = jax.lax.while_loop(cond, body, init)
     return RefResult(s[6], s[4], s[4] + 1)
+
+
+def reference_probabilities(parents, tokens, target_probs, draft_probs, *, scheme):
+    """The rule's per-node acceptance probabilities and per-row emitted laws, literally
+    (float64 numpy, one sibling at a time, full residual vectors): -> (accept [N],
+    residual [N + 1, V]). A rejection whose residual sums to 0 keeps the previous law;
+    a row whose *final* residual sums to 0 emits from its target row (the library's
+    convention for that probability-0 event)."""
+    parents = np.asarray(parents)
+    tokens = np.asarray(tokens)
+    P = np.asarray(target_probs, np.float64)
+    Q = np.asarray(draft_probs, np.float64)
+    n, v = parents.shape[0], P.shape[1]
+    accept = np.zeros(n)
+    residual = P.copy()
+    for r in range(n + 1):
+        kids = [j for j in range(n) if parents[j] + 1 == r]
+        p, q_rem = P[r].copy(), Q[r].copy()
+        for k, j in enumerate(kids):
+            x = tokens[j]
+            onehot = np.eye(v)[x]
+            if scheme == "iid":
+                qk = Q[r]
+            elif scheme == "without_replacement":
+                tot = q_rem.sum()
+                qk = (q_rem if k == 0 else q_rem / tot) if tot > 0 else onehot
+            else:
+                qk = onehot
+            accept[j] = min(1.0, p[x] / qk[x]) if qk[x] > 0 else float(p[x] > 0)
+            res = np.maximum(p - qk, 0.0)
+            if res.sum() > 0:
+                p = res / res.sum()
+            elif k + 1 == len(kids):
+                p = P[r] / P[r].sum()
+            q_rem = q_rem * (1.0 - onehot)
+        residual[r] = p / p.sum()
+    return accept, residual

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _reference import reference_accept
+from _reference import reference_accept, reference_probabilities
 
 import jaxspec
 from jaxspec.acceptance import SCHEMES, accept_probabilities, speculative_accept
@@ -192,3 +192,41 @@ def test_jit_does_not_retrace_for_new_keys_and_tokens():
     for i in range(3):
         f(jax.random.key(i), jnp.array(rng.permutation(6)), _rand_rows(rng, 7, 6), _rand_rows(rng, 7, 6))
     assert len(traces) == 1
+
+
+def _sibling_tokens(rng, parents, v, distinct):
+    toks = np.zeros(len(parents), np.int64)
+    for par in set(parents):
+        kids = [j for j, pp in enumerate(parents) if pp == par]
+        toks[kids] = rng.permutation(v)[: len(kids)] if distinct else rng.integers(0, v, len(kids))
+    return toks
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("v", [6, 300])
+def test_closed_form_matches_literal_rule(scheme, v):
+    """accept_probabilities (closed-form residuals, no residual vectors) == the rule read
+    literally in float64 (tests/_reference.py), for static and traced trees, including
+    draft rows whose support the siblings exhaust (without replacement: the later
+    siblings become point masses) and repeated tokens (iid, deterministic)."""
+    rng = np.random.default_rng(v)
+    trees = [[-1, 0, 1, 2], TREE, [-1, -1, -1, 0, 0, 0, 3, 3, 6], list(jaxspec.branching((3, 2)))]
+    for parents in trees:
+        n = len(parents)
+        for trial in range(4):
+            p = _rand_rows(rng, n + 1, v, [0.3, 1.0, 3.0, 0.1][trial])
+            q = _rand_rows(rng, n + 1, v, [0.3, 1.0, 3.0, 0.1][trial])
+            toks = _sibling_tokens(rng, parents, v, distinct=scheme == "without_replacement" or trial % 2 == 0)
+            if trial == 3:  # sparse draft rows: support = the first two siblings' tokens
+                for r in range(n + 1):
+                    kids = [j for j, pp in enumerate(parents) if pp + 1 == r]
+                    if kids:
+                        keep = np.zeros(v, bool)
+                        keep[toks[kids[:2]]] = True
+                        q[r] = np.where(keep, q[r], 0.0) / np.where(keep, q[r], 0.0).sum()
+            want_a, want_r = reference_probabilities(parents, toks, p, q, scheme=scheme)
+            for par in (parents, jnp.asarray(parents, jnp.int32)):
+                fn = jax.jit(lambda pa, t, pp, qq: accept_probabilities(pa, t, pp, qq, scheme=scheme))
+                a, res = fn(par, jnp.asarray(toks, jnp.int32), p, q) if not isinstance(par, list) else accept_probabilities(par, jnp.asarray(toks, jnp.int32), p, q, scheme=scheme)
+                np.testing.assert_allclose(np.asarray(a), want_a, atol=2e-5, err_msg=f"{parents} trial {trial}")
+                np.testing.assert_allclose(np.asarray(res), want_r, atol=2e-5, err_msg=f"{parents} trial {trial}")
