@@ -211,8 +211,10 @@ def test_closed_form_matches_literal_rule(scheme, v):
     siblings become point masses) and repeated tokens (iid, deterministic)."""
     rng = np.random.default_rng(v)
     trees = [[-1, 0, 1, 2], TREE, [-1, -1, -1, 0, 0, 0, 3, 3, 6], list(jaxspec.branching((3, 2)))]
+    traced = jax.jit(lambda pa, t, pp, qq: accept_probabilities(pa, t, pp, qq, scheme=scheme))
     for parents in trees:
         n = len(parents)
+        static_fn = jax.jit(lambda t, pp, qq, par=parents: accept_probabilities(par, t, pp, qq, scheme=scheme))
         for trial in range(4):
             p = _rand_rows(rng, n + 1, v, [0.3, 1.0, 3.0, 0.1][trial])
             q = _rand_rows(rng, n + 1, v, [0.3, 1.0, 3.0, 0.1][trial])
@@ -225,8 +227,8 @@ def test_closed_form_matches_literal_rule(scheme, v):
                         keep[toks[kids[:2]]] = True
                         q[r] = np.where(keep, q[r], 0.0) / np.where(keep, q[r], 0.0).sum()
             want_a, want_r = reference_probabilities(parents, toks, p, q, scheme=scheme)
-            for par in (parents, jnp.asarray(parents, jnp.int32)):
-                fn = jax.jit(lambda pa, t, pp, qq: accept_probabilities(pa, t, pp, qq, scheme=scheme))
-                a, res = fn(par, jnp.asarray(toks, jnp.int32), p, q) if not isinstance(par, list) else accept_probabilities(par, jnp.asarray(toks, jnp.int32), p, q, scheme=scheme)
+            t = jnp.asarray(toks, jnp.int32)
+            static = static_fn(t, p, q)
+            for a, res in (static, traced(jnp.asarray(parents, jnp.int32), t, p, q)):
                 np.testing.assert_allclose(np.asarray(a), want_a, atol=2e-5, err_msg=f"{parents} trial {trial}")
                 np.testing.assert_allclose(np.asarray(res), want_r, atol=2e-5, err_msg=f"{parents} trial {trial}")
