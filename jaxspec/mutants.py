@@ -33,7 +33,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import tree as _tree
-from jaxspec.acceptance import AcceptResult, _node_accept_probs, _ratio, _row_residual, _structure
+from jaxspec.acceptance import (
+    AcceptResult,
+    _choose_path,
+    _node_accept_probs,
+    _ratio,
+    _row_residual,
+    _structure,
+)
 from jaxspec.sampling import _inverse_cdf
 
 # the module, not the function that jaxspec/__init__ may re-export under the same name
@@ -62,23 +69,7 @@ def check_mutant(name: str) -> str:
     return name
 
 
-# --------------------------------------------------------------------------- path choice
-
-
-def _choose_path(st, accept_prob, u, n):
-    """The library's branch-free path choice (first accepted sibling wins, all the way
-    down): -> (on_path bool[N], num_accepted, last node or -1, accepted_nodes int32[N])."""
-    acc = u < accept_prob
-    chosen = acc & ~jnp.any(jnp.asarray(st.earlier_sibling) & acc[None, :], axis=1)
-    mask = jnp.asarray(st.mask)
-    depth = jnp.asarray(st.depth, jnp.int32)
-    on_path = ~jnp.any(mask & ~chosen[None, :], axis=1)
-    num_accepted = jnp.sum(on_path, dtype=jnp.int32)
-    last = jnp.where(num_accepted > 0, jnp.argmax(jnp.where(on_path, depth, 0)), -1).astype(jnp.int32)
-    slot = jnp.where(on_path, depth - 1, n)
-    idx = jnp.arange(n, dtype=jnp.int32)
-    accepted_nodes = jnp.full((n,), -1, jnp.int32).at[slot].set(idx, mode="drop")
-    return num_accepted, last, accepted_nodes
+# --------------------------------------------------------------------------- result
 
 
 def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
@@ -117,7 +108,7 @@ def _accept_no_residual_update(key, parents, tokens, target_probs, draft_probs, 
     accept_prob = _ratio(px, qx)
     key_accept, key_emit = jax.random.split(key)
     u = jax.random.uniform(key_accept, (n,), jnp.float32)
-    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u, n)
+    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u)
     extra = _inverse_cdf(jax.random.uniform(key_emit, (), jnp.float32), P[last + 1])
     return _result(tokens, num_accepted, last, accepted_nodes, extra)
 
@@ -134,7 +125,7 @@ def _accept_reused_uniform(key, parents, tokens, target_probs, draft_probs, sche
     accept_prob = _node_accept_probs(st, tokens, P, Q, scheme)
     key_accept, _ = jax.random.split(key)
     u = jax.random.uniform(key_accept, (n,), jnp.float32)
-    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u, n)
+    num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u)
     emit_row = last + 1
     kids = jnp.asarray(st.children)[emit_row]  # [K], -1 padded, sibling order
     last_kid = jnp.max(kids)  # the last child tried (all were rejected)
