@@ -234,11 +234,6 @@ def _take(P, rows, toks):
     return jnp.take_along_axis(_pick(P, rows), toks[:, None], axis=1)[:, 0]
 
 
-#: static trees with at most this many probability cells ((N + 1) * V) are stepped
-#: densely, every row at every rank (see ``_walk``)
-_DENSE_MAX_CELLS = 0
-
-
 def _keep(mask, new, old):
     """``new`` where ``mask`` (None = everywhere: static rows are all in play)."""
     return new if mask is None else jnp.where(mask, new, old)
@@ -257,10 +252,10 @@ def _walk(st, tokens, P, Q, scheme):
     n = tokens.shape[0]
     kids = _child_tokens(st, tokens)  # [N + 1, K], -1 where no child
     num_ranks = kids.shape[1]
-    parent_row = jnp.asarray(st.parent_row)
     static = st.rows_by_rank is not None
     if scheme == "deterministic":
-        accept = _deterministic_accept(st, tokens, _take(P, np.asarray(st.parent_row), tokens) if static else P[parent_row, tokens])
+        px = _take(P, st.parent_row, tokens) if static else P[st.parent_row, tokens]
+        accept = _deterministic_accept(st, tokens, px)
         law = _Law(
             jnp.zeros((n + 1,), jnp.float32),
             kids,
@@ -269,9 +264,6 @@ def _walk(st, tokens, P, Q, scheme):
         )
         return accept, law
     track = scheme == "without_replacement"  # iid: the residual ignores which tokens
-    # Static trees over large rows step only the rows that have a child of each rank;
-    # small problems step every row, masked (fewer, larger fused ops: faster under vmap).
-    static = static and (n + 1) * P.shape[-1] > _DENSE_MAX_CELLS
     rows = st.rows_by_rank[0] if static else np.arange(n + 1)  # rows in play
     c = jnp.zeros(rows.shape, jnp.float32)
     s = jnp.ones(rows.shape, jnp.float32)
@@ -320,7 +312,7 @@ def _walk(st, tokens, P, Q, scheme):
                 jnp.stack([sel(t) for t in ent_zero] + [sel(exh)], -1),
             )
         else:
-            law_new = _Law(sel(c_new), *(a[:, :0] for a in _empty_entries(sel(c_new))))
+            law_new = _no_entries(sel(c_new))
         pv, qv = _pick(P, nxt), _pick(Q, nxt)  # [R', V]
         s_new = _sum_last(_law_rows(law_new, pv, qv))  # [R'] one pass over the rows
         fb = s_new <= 0  # a probability-0 rejection: keep the previous law
@@ -348,14 +340,11 @@ def _walk(st, tokens, P, Q, scheme):
     return accept, law
 
 
-def _empty_entries(like):
-    """(toks, tok_c, tok_zero) with no entries, leading shape of ``like``."""
-    shape = jnp.shape(like) + (1,)
-    return (
-        jnp.zeros(shape, jnp.int32),
-        jnp.zeros(shape, jnp.float32),
-        jnp.zeros(shape, jnp.bool_),
-    )
+def _no_entries(c) -> _Law:
+    """The law ``max(p - c q, 0)`` with no tried-token entries (J = 0), rows like ``c``."""
+    shape = jnp.shape(c) + (0,)
+    return _Law(c, jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.bool_))
+
 
 def _stack(entries, like):
     """[R, J] from J arrays [R] (J may be 0: an empty [R, 0] of ``like``'s dtype)."""
@@ -391,8 +380,7 @@ def _assemble_static(st, kids, fin_c, fin_entry, cont_entry, track):
     c_final = jnp.concatenate(fin_c + [jnp.zeros((1,), jnp.float32)])[c_idx]
     k = kids.shape[1]
     if not track:
-        empty = jnp.zeros((n1, 0), jnp.float32)
-        return _Law(c_final, jnp.zeros((n1, 0), jnp.int32), empty, empty.astype(jnp.bool_))
+        return _no_entries(c_final)
     # entry (r, j): the continuing version (rank j + 1 exists), else the final one
     fin_off = offsets
     cont_off = offsets[-1] + 1 + np.cumsum([0] + [len(r) for r in rows_by_rank[1:]])
@@ -416,8 +404,7 @@ def _assemble_traced(kids, c_final, fin_entry, cont_entry, track):
     """Per-row final laws [N + 1] of a traced tree (every rank vector covers every row)."""
     n1, k = kids.shape
     if not track:
-        empty = jnp.zeros((n1, 0), jnp.float32)
-        return _Law(c_final, jnp.zeros((n1, 0), jnp.int32), empty, empty.astype(jnp.bool_))
+        return _no_entries(c_final)
     cols_c, cols_z = [], []
     for j in range(k):
         if j + 1 < k:
@@ -509,6 +496,13 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     u = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
     num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u)
     extra = sample_categorical(key_emit, _row_law(law, last + 1, P, Q)).astype(jnp.int32)
+    return _result(tokens, num_accepted, last, accepted_nodes, extra)
+
+
+def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
+    """The :class:`AcceptResult` of a chosen path (``accepted_nodes`` in depth order, -1
+    padded) and the ``extra`` token emitted after it."""
+    n = tokens.shape[0]
     path_tokens = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
     out = jnp.concatenate([path_tokens, jnp.full((1,), -1, jnp.int32)])  # [N + 1]
     out = jnp.where(jnp.arange(n + 1) == num_accepted, extra, out)

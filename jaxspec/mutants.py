@@ -37,6 +37,7 @@ from jaxspec.acceptance import (
     AcceptResult,
     _choose_path,
     _node_accept_probs,
+    _result,
     _ratio,
     _row_residual,
     _structure,
@@ -67,22 +68,6 @@ def check_mutant(name: str) -> str:
     if name not in MUTANTS:
         raise ValueError(f"mutant = {name!r}: expected one of {', '.join(MUTANTS)}")
     return name
-
-
-# --------------------------------------------------------------------------- result
-
-
-def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
-    path = jnp.where(accepted_nodes >= 0, tokens[jnp.maximum(accepted_nodes, 0)], -1)
-    out = jnp.concatenate([path, jnp.full((1,), -1, jnp.int32)]).at[num_accepted].set(extra)
-    return AcceptResult(
-        tokens=out,
-        num_tokens=num_accepted + 1,
-        num_accepted=num_accepted,
-        accepted_nodes=accepted_nodes,
-        accepted_per_depth=(accepted_nodes >= 0).astype(jnp.int32),
-        last_node=last,
-    )
 
 
 def _accept_no_residual_update(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
