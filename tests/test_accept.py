@@ -125,6 +125,50 @@ def test_traced_parents_match_static():
         np.testing.assert_array_equal(static.accepted_nodes, traced.accepted_nodes)
 
 
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
+def test_path_walk_matches_all_rows_form(scheme):
+    """Static branching trees take the path walk (only the rows on the accepted path are
+    judged over the vocabulary); traced parents take the all-rows form. Two independent
+    evaluations of the same rule: same key -> same tokens, on an unbalanced tree with a
+    two-level draw (V = 200), repeated sibling tokens, and draft rows whose support the
+    siblings exhaust (without replacement: point-mass proposals)."""
+    from jaxspec import acceptance
+
+    par = [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7]  # ranks up to 4, leaves at depths 1-4
+    st = acceptance._structure(par)
+    assert acceptance._use_path_walk(st, scheme)
+    traced_choice = []
+    jax.make_jaxpr(lambda a: traced_choice.append(
+        acceptance._use_path_walk(acceptance._structure(a), scheme)))(jnp.asarray(par, jnp.int32))
+    assert traced_choice == [False]
+    rng = np.random.default_rng(11)
+    n, v = len(par), 200
+    q = _rand_rows(rng, n + 1, v, conc=0.3)
+    q[4] = 0.0  # row of node 3: q has support {5, 6}; its 4 children try 5, 6, 7, 5
+    q[4, 5], q[4, 6] = 0.7, 0.3
+    # target rows near the draft rows and tokens drawn from the draft rows: every depth
+    # is reached and every rank gets tried
+    p = (0.6 * q + 0.4 * _rand_rows(rng, n + 1, v, conc=0.3)).astype(np.float32)
+    toks = np.array([rng.choice(v, p=q[j + 1] / q[j + 1].sum()) for j in par])
+    toks[[7, 8, 9, 10]] = [5, 6, 7, 5]
+    toks[4] = toks[3]  # a repeated sibling token
+    keys = jax.random.split(jax.random.key(12), 4000)
+    toks = jnp.asarray(toks, jnp.int32)
+
+    def run(parents):
+        return jax.vmap(lambda k: speculative_accept(k, parents, toks, p, q, scheme=scheme))(keys)
+
+    static = jax.jit(lambda: run(par))()
+    traced = jax.jit(run)(jnp.asarray(par, jnp.int32))
+    np.testing.assert_array_equal(static.accepted_nodes, traced.accepted_nodes)
+    np.testing.assert_array_equal(static.last_node, traced.last_node)
+    np.testing.assert_array_equal(static.tokens, traced.tokens)
+    # the cross-check reached every depth and the exhausted row's later siblings
+    depths = np.asarray(static.num_accepted)
+    assert set(range(5)) <= set(depths.tolist()), np.bincount(depths)
+    assert np.isin(np.asarray(static.accepted_nodes), [9, 10]).any()
+
+
 def test_accepted_path_is_a_root_to_node_path():
     rng = np.random.default_rng(6)
     par = np.array(jaxspec.branching((2, 2, 2)))

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 
+import jax.numpy as jnp
 import pytest
 
 from jaxspec.bench import BENCHMARKS, benchmark_module, common, run_benchmark
@@ -106,9 +107,12 @@ def test_cli_json_tiny(tmp_path, capsys):
     _check_machine(on_disk["machine"])
     assert {r["scheme"] for r in on_disk["rows"]} == {"iid", "without_replacement", "deterministic"}
     for r in on_disk["rows"]:
-        for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor"):
+        for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor",
+                  "read_floor_rounds_per_s", "fraction_of_read_floor"):
             assert _positive(r[k]), (k, r)
         assert r["fraction_of_floor"] == pytest.approx(r["accept_rounds_per_s"] / r["rng_floor_rounds_per_s"])
+        assert r["fraction_of_read_floor"] == pytest.approx(
+            r["accept_rounds_per_s"] / r["read_floor_rounds_per_s"])
     assert on_disk["headline"]["accept_rounds_per_s"] == pytest.approx(result["accept_rounds_per_s"])
     assert "| 8 | 32 |" in benchmark_module("accept").table(on_disk)
 
@@ -134,6 +138,24 @@ def test_cli_out_is_a_file(tmp_path, capsys):
     assert main(["bench", "--tiny", "--only", "accept", "--out", str(f)]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "expected a folder" in err
+
+
+def test_time_calls_takes_turns():
+    order = []
+
+    def traced(name):
+        def f(x):
+            order.append(name)
+            return x + 1
+        return f
+
+    times = common.time_calls({"a": (traced("a"), (jnp.ones(2),)), "b": (traced("b"), (jnp.ones(3),))},
+                              repeats=3, min_time=0.0)
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    assert order == ["a", "b"] * 4  # one warm-up call each, then 3 turns of one call each
+    assert common.time_call(traced("c"), jnp.ones(1), repeats=2, min_time=0.0) > 0
+    with pytest.raises(ValueError, match="repeats = 0"):
+        common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)
 
 
 def test_bad_names():

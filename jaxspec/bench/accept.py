@@ -1,16 +1,23 @@
-"""Throughput of the vmapped acceptance rule vs the random-number floor.
+"""Throughput of the vmapped acceptance rule vs two floors.
 
 For each case ``(N, V, batch)``, tree and sibling scheme: tree-rounds per second of
 ``jax.jit(jax.vmap(speculative_accept))`` over a batch of independent chains (each with its
 own probability rows ``p, q: float32[batch, N + 1, V]`` and tokens ``int32[batch, N]``),
-next to the throughput of merely drawing the same random numbers (the key split, N
-acceptance uniforms and one residual uniform per round) in the same run. Median of
-repeats after a warm-up compile (:func:`jaxspec.bench.common.time_call`).
+next to, in the same run and taking turns with it (:func:`jaxspec.bench.common.time_calls`):
+
+* the **RNG floor**: merely drawing the same random numbers (the key split, N acceptance
+  uniforms and one residual uniform per round) -- the issue's yardstick;
+* the **read floor**: the same random numbers plus one read of a single V-wide target row
+  per round, chosen by the uniforms. Every exact rule does at least this much (it emits a
+  token from some row's law, which depends on that row of ``p``); when V is large this,
+  not the RNG, is what bounds the rule.
+
+Median of repeats after a warm-up compile.
 
 JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
-accept_rounds_per_s, rng_floor_rounds_per_s, fraction_of_floor}``; the headline figures
-(N = 8, V = 32, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with
-the floor as a line.
+accept_rounds_per_s, rng_floor_rounds_per_s, fraction_of_floor, read_floor_rounds_per_s,
+fraction_of_read_floor}``; the headline figures (N = 8, V = 32, batch 1024, chain,
+``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as ticks.
 
     report = run("tiny")
     report["headline"]["accept_rounds_per_s"] > 0    # True
@@ -25,6 +32,7 @@ import jax.numpy as jnp
 
 import jaxspec
 from jaxspec.bench import common
+from jaxspec.sampling import _sum_last
 
 __all__ = ["NAME", "AcceptBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
 
@@ -89,6 +97,24 @@ def _floor_fn(n: int):
     return floor
 
 
+def _read_floor_fn(n: int):
+    """(keys[B], p[B, N + 1, V]) -> float32[B]: the floor's random numbers plus one read
+    of a V-wide row of ``p`` per round (the row index depends on the uniforms, so it is
+    data, as the emitted row is for the rule)."""
+
+    @jax.jit
+    def read_floor(keys, p):
+        def one(key, rows):
+            ka, ke = jax.random.split(key)
+            u = jax.random.uniform(ka, (n,))
+            row = jnp.sum(u < 0.5, dtype=jnp.int32)  # in [0, N]
+            return _sum_last(rows[row]) + jnp.sum(u) + jax.random.uniform(ke, ())
+
+        return jax.vmap(one)(keys, p)
+
+    return read_floor
+
+
 def _accept_fn(parents, scheme: str):
     """(keys[B], toks[B, N], p[B, N+1, V], q[B, N+1, V]) -> int32[B, N + 1] emitted tokens."""
     return jax.jit(jax.vmap(
@@ -98,27 +124,34 @@ def _accept_fn(parents, scheme: str):
 
 def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict:
     """Measure every case, tree and scheme of ``CONFIGS[size]`` (or of ``config``); returns
-    the report."""
+    the report. Within a case, the floors and every rule take turns."""
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     rows = []
     for n, v, batch, trees in cfg.cases:
         p, q, toks = _inputs(n, v, batch)
         keys = jax.random.split(jax.random.key(1), batch)
-        t_floor = common.time_call(_floor_fn(n), keys, repeats=cfg.repeats, min_time=cfg.min_time)
+        calls = {"floor": (_floor_fn(n), (keys,)), "read": (_read_floor_fn(n), (keys, p))}
         for tree_name, spec in trees:
             parents = _parents(spec)
             for scheme in cfg.schemes:
-                t = common.time_call(_accept_fn(parents, scheme), keys, toks, p, q, repeats=cfg.repeats,
-                                     min_time=cfg.min_time)
-                rows.append({
-                    "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
-                    "accept_rounds_per_s": batch / t,
-                    "rng_floor_rounds_per_s": batch / t_floor,
-                    "fraction_of_floor": t_floor / t,
-                })
-                common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
-                           f"{batch / t:14,.0f} rounds/s   floor {batch / t_floor:14,.0f}   "
-                           f"{t_floor / t:6.3f} of floor")
+                calls[(tree_name, scheme)] = (_accept_fn(parents, scheme), (keys, toks, p, q))
+        common.log(f"accept: N={n} V={v} B={batch}: compiling {len(calls) - 2} rules, timing "
+                   f"{cfg.repeats} turns of {cfg.min_time:g} s each ...")
+        times = common.time_calls(calls, repeats=cfg.repeats, min_time=cfg.min_time)
+        t_floor, t_read = times.pop("floor"), times.pop("read")
+        for (tree_name, scheme), t in times.items():
+            rows.append({
+                "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
+                "accept_rounds_per_s": batch / t,
+                "rng_floor_rounds_per_s": batch / t_floor,
+                "fraction_of_floor": t_floor / t,
+                "read_floor_rounds_per_s": batch / t_read,
+                "fraction_of_read_floor": t_read / t,
+            })
+            common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
+                       f"{batch / t:14,.0f} rounds/s   {t_floor / t:6.3f} of RNG floor "
+                       f"({batch / t_floor:,.0f}/s)   {t_read / t:6.3f} of read floor "
+                       f"({batch / t_read:,.0f}/s)")
     report = {
         "benchmark": NAME,
         "size": size,
@@ -141,19 +174,27 @@ def headline(report: dict) -> dict:
 
 
 def table(report: dict) -> str:
-    """Markdown table: one line per (case, tree), schemes as columns (rounds/s, fraction)."""
+    """Markdown table: one line per (case, tree), schemes as columns: rounds/s (fraction of
+    the RNG floor / of the read floor)."""
     schemes = list(dict.fromkeys(r["scheme"] for r in report["rows"]))
-    lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor |",
-             "|---" * (5 + len(schemes)) + "|"]
+    lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor | read floor |",
+             "|---" * (6 + len(schemes)) + "|"]
     groups: dict[tuple, dict] = {}
     for r in report["rows"]:
         groups.setdefault((r["N"], r["V"], r["batch"], r["tree"]), {})[r["scheme"]] = r
     for (n, v, b, tree), by in groups.items():
-        cells = [f"{_rate(by[s]['accept_rounds_per_s'])} ({by[s]['fraction_of_floor']:.2f})" if s in by else "-"
+        cells = [f"{_rate(by[s]['accept_rounds_per_s'])} ({_fractions(by[s])})" if s in by else "-"
                  for s in schemes]
-        floor = next(iter(by.values()))["rng_floor_rounds_per_s"]
-        lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells) + f" | {_rate(floor)} |")
+        first = next(iter(by.values()))
+        read = first.get("read_floor_rounds_per_s")
+        lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells)
+                     + f" | {_rate(first['rng_floor_rounds_per_s'])} | {_rate(read) if read else '-'} |")
     return "\n".join(lines)
+
+
+def _fractions(r: dict) -> str:
+    read = r.get("fraction_of_read_floor")
+    return f"{r['fraction_of_floor']:.2f}" + (f" / {read:.2f}" if read is not None else "")
 
 
 def _rate(x: float) -> str:
@@ -177,13 +218,17 @@ def plot(report: dict, path) -> None:
                     ys.append(r["accept_rounds_per_s"])
         ax.bar(xs, ys, width, label=s)
     for i, g in enumerate(groups):
-        floor = next(r["rng_floor_rounds_per_s"] for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
-        ax.hlines(floor, i - 0.45, i + 0.45, color="k", lw=2, label="RNG floor" if i == 0 else None)
+        first = next(r for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
+        ax.hlines(first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45, color="k", lw=2,
+                  label="RNG floor" if i == 0 else None)
+        if "read_floor_rounds_per_s" in first:
+            ax.hlines(first["read_floor_rounds_per_s"], i - 0.45, i + 0.45, color="0.5", lw=2, ls="--",
+                      label="read floor (RNG + one V-wide row)" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_xticks(range(len(groups)), [f"N={n} V={v}\nB={b} {t}" for n, v, b, t in groups], fontsize=7)
     ax.set_ylabel("tree-rounds / s")
     m = report["machine"]
-    ax.set_title(f"vmapped acceptance vs RNG floor ({m['backend']}, {m['cpu_count']} cores, {report['size']})",
+    ax.set_title(f"vmapped acceptance vs floors ({m['backend']}, {m['cpu_count']} cores, {report['size']})",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

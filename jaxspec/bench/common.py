@@ -33,6 +33,7 @@ __all__ = [
     "check_size",
     "log",
     "time_call",
+    "time_calls",
     "interleaved",
     "machine_info",
     "default_out_dir",
@@ -64,20 +65,30 @@ def time_call(fn: Callable, *args, repeats: int, min_time: float = 0.2) -> float
     Each repeat calls ``fn`` back to back until ``min_time`` seconds have passed (at least
     once) and divides by the number of calls, so sub-millisecond kernels are timed too.
     """
+    return time_calls({"fn": (fn, args)}, repeats=repeats, min_time=min_time)["fn"]
+
+
+def time_calls(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.2) -> dict[str, float]:
+    """:func:`time_call` for several functions side by side: ``calls`` maps a name to
+    ``(fn, args)``; after one warm-up call each, every repeat times each function in turn
+    (back-to-back calls for ``min_time`` seconds), so a changing machine load hits all of
+    them alike. Returns ``{name: median seconds per call}``."""
     if repeats < 1:
         raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
-    jax.block_until_ready(fn(*args))
-    times = []
+    for fn, args in calls.values():
+        jax.block_until_ready(fn(*args))
+    times: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        calls = 0
-        while True:
-            jax.block_until_ready(fn(*args))
-            calls += 1
-            if time.perf_counter() - t0 >= min_time:
-                break
-        times.append((time.perf_counter() - t0) / calls)
-    return statistics.median(times)
+        for name, (fn, args) in calls.items():
+            t0 = time.perf_counter()
+            n = 0
+            while True:
+                jax.block_until_ready(fn(*args))
+                n += 1
+                if time.perf_counter() - t0 >= min_time:
+                    break
+            times[name].append((time.perf_counter() - t0) / n)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
