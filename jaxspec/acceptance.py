@@ -349,13 +349,12 @@ def _rank_walk(kids, P, Q, track, rows_by_rank=None):
             law_new = _no_entries(sel(c_new))
         pv, qv = _pick(P, nxt), _pick(Q, nxt)  # [R', V]
         res_rows = _law_rows(law_new, pv, qv)  # [R', V]
-        if track:  # the residual's mass and the untried tokens' q-mass in one pass
+        s_new = _sum_last(res_rows)  # [R'] one pass over the rows
+        if track:  # and one for the q-mass of the untried tokens (a stacked [R', 2, V] sum
+            # is slower on XLA:CPU: the concatenation does not fuse well)
             iota = jnp.arange(P.shape[-1], dtype=jnp.int32)
             tried = jnp.any(law_new.toks[:, :, None] == iota[None, None, :], axis=1)  # [R', V]
-            sums = _sum_last(jnp.stack([res_rows, jnp.where(tried, 0.0, qv)], axis=1))  # [R', 2]
-            s_new, z_new = sums[:, 0], sums[:, 1]
-        else:
-            s_new = _sum_last(res_rows)  # [R'] one pass over the rows
+            z_new = _sum_last(jnp.where(tried, 0.0, qv))  # [R']
         fb = s_new <= 0  # a probability-0 rejection: keep the previous law
         c = _keep(more, jnp.where(fb, sel(c), law_new.c), sel(c))
         s = _keep(more, jnp.where(fb, sel(s), s_new), sel(s))
