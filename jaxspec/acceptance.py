@@ -36,7 +36,10 @@ passes a round instead of one per rejected sibling of every row (the uniforms de
 which row each step reads; every lane still does the same work). Chains, the
 deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown at trace
 time) take the *all-rows* form (:func:`_walk` + :func:`_choose_path`). Both use the same
-uniforms and laws and agree token for token (tests/test_accept.py).
+uniforms and laws and agree token for token (tests/test_accept.py). A traced tree may give
+any row up to N children, so under ``without_replacement`` it keeps the tried tokens in a
+dense per-token form stepped by a ``lax.scan`` over sibling ranks (:func:`_rank_walk_dense`):
+a program of O(1) size in N instead of O(N^2) entries.
 
 Randomness: one independent uniform per node (each node is tested at most once) and one
 more, from a separate key, for the residual/bonus draw. No number is used twice.
@@ -168,12 +171,17 @@ class _Law(NamedTuple):
     toks:     int32[..., J]    tried tokens in sibling order (-1 = empty entry)
     tok_c:    float32[..., J]  their frozen c
     tok_zero: bool[..., J]     zeroed instead (a point-mass proposal rejected them)
+    zero:     None, or the *dense* form (traced trees without replacement, see
+              :func:`_rank_walk_dense`): then ``c`` is float32[..., V], every token's c,
+              ``zero`` bool[..., V] the zeroed tokens, and there are no entries (J = 0).
+              Only ever evaluated over the whole vocabulary.
     """
 
     c: jax.Array
     toks: jax.Array
     tok_c: jax.Array
     tok_zero: jax.Array
+    zero: jax.Array | None = None
 
 
 def _law_eval(law: _Law, y, p, q):
@@ -181,7 +189,10 @@ def _law_eval(law: _Law, y, p, q):
     law's leading axes; pass ``y = arange(V)`` and full rows for the whole vector).
     Returns (res, c(y), zeroed(y)). The first entry of a repeated token wins."""
     c = law.c
-    zero = jnp.zeros(jnp.broadcast_shapes(jnp.shape(y), jnp.shape(c)), jnp.bool_)
+    if law.zero is not None:  # dense form: y is the whole vocabulary
+        zero = law.zero
+    else:
+        zero = jnp.zeros(jnp.broadcast_shapes(jnp.shape(y), jnp.shape(c)), jnp.bool_)
     for j in reversed(range(law.toks.shape[-1])):
         hit = law.toks[..., j] == y
         c = jnp.where(hit, law.tok_c[..., j], c)
@@ -274,6 +285,9 @@ def _walk(st, tokens, P, Q, scheme):
         )
         return accept, law
     track = scheme == "without_replacement"  # iid: the residual ignores which tokens
+    if track and not static:  # O(K) ops instead of O(K^2) entries (K = N when traced)
+        per_rank, law = _rank_walk_dense(kids, P, Q)
+        return _gather_accept(st, per_rank, n, False), law
     per_rank, fin_c, fin_entry, cont_entry, c_final = _rank_walk(
         kids, P, Q, track, st.rows_by_rank if static else None)
     accept = _gather_accept(st, per_rank, n, static)
@@ -372,6 +386,73 @@ def _rank_walk(kids, P, Q, track, rows_by_rank=None):
     return per_rank, fin_c, fin_entry, cont_entry, c_final
 
 
+def _rank_walk_dense(kids, P, Q):
+    """Without replacement on every row at once, the law kept *dense*: per-token ``c``
+    ``[R, V]``, zeroed and tried masks ``[R, V]``, instead of one entry per tried
+    sibling. The same laws and arithmetic as :func:`_rank_walk` (entries are frozen c's;
+    here a tried token's c simply stops moving), but O(K) operations to trace and compile
+    instead of O(K^2): for traced trees K is N, the most children a row can have.
+
+    Returns ``(accept, law)``: float32[K, R] acceptance probabilities per rank; ``law``
+    the dense final law of every row (its residual once all its children were rejected;
+    for a leaf row, the row itself).
+    """
+    r, num_ranks = kids.shape
+    iota = jnp.arange(P.shape[-1], dtype=jnp.int32)
+    # next sibling to judge, per rank: kids[:, k + 1] >= 0 (none after the last rank)
+    more_next = jnp.concatenate([kids[:, 1:] >= 0, jnp.zeros((r, 1), jnp.bool_)], axis=1)
+
+    def rank_step(state, xs):
+        c, s, z, exh, ctok, zero, tried, c_fin, zero_fin = state
+        x, more = xs  # [R] the k-th child's token (-1: none), [R] a (k + 1)-th exists
+        has = x >= 0
+        xi = jnp.maximum(x, 0)[:, None]
+        px, qx = (jnp.take_along_axis(a, xi, axis=1)[:, 0] for a in (P, Q))
+        c_x = jnp.take_along_axis(ctok, xi, axis=1)[:, 0]
+        seen = jnp.take_along_axis(tried, xi, axis=1)[:, 0]
+        zero_x = jnp.take_along_axis(zero, xi, axis=1)[:, 0]  # only tried tokens are zeroed
+        res_x = jnp.where(zero_x, 0.0, jnp.maximum(px - c_x * qx, 0.0))
+        z_safe = jnp.where(z > 0, z, 1.0)
+        qk = jnp.where(exh, 1.0, jnp.where(seen, 0.0, qx / z_safe))
+        c_new = jnp.where(exh, c, c + s / z_safe)
+        accept = _ratio(res_x / s, qk)
+        # the law once x is rejected: untried tokens (x among them if new) move to c_new,
+        # tried ones keep theirs; x is zeroed instead when the proposal was a point mass
+        is_x = (iota[None, :] == x[:, None]) & ~tried  # [R, V]
+        ctok_new = jnp.where(tried, ctok, c_new[:, None])
+        zero_new = zero | (is_x & exh[:, None])
+        c_fin = jnp.where(has[:, None], ctok_new, c_fin)  # rows whose last child this is
+        zero_fin = jnp.where(has[:, None], zero_new, zero_fin)
+        # move on, for the rows with a next sibling
+        tried_new = tried | is_x
+        s_new = _sum_last(jnp.where(zero_new, 0.0, jnp.maximum(P - ctok_new * Q, 0.0)))
+        z_new = _sum_last(jnp.where(tried_new, 0.0, Q))
+        ok = more & (s_new > 0)  # s_new <= 0: a probability-0 rejection keeps the law
+        state = (
+            jnp.where(ok, c_new, c),
+            jnp.where(ok, s_new, s),
+            jnp.where(more, z_new, z),
+            jnp.where(more, z_new <= 0, exh),
+            jnp.where(ok[:, None], ctok_new, ctok),
+            jnp.where(more[:, None], zero_new, zero),
+            jnp.where(more[:, None], tried_new, tried),
+            c_fin,
+            zero_fin,
+        )
+        return state, accept
+
+    zeros_rv = jnp.zeros(P.shape, jnp.float32)
+    false_rv = jnp.zeros(P.shape, jnp.bool_)
+    init = (jnp.zeros((r,), jnp.float32), jnp.ones((r,), jnp.float32), jnp.ones((r,), jnp.float32),
+            jnp.zeros((r,), jnp.bool_), zeros_rv, false_rv, false_rv, zeros_rv, false_rv)
+    # a scan, not a Python loop: one traced step whatever K (XLA would otherwise fuse the
+    # chain of per-rank updates into every consumer, quadratic again)
+    state, accept = jax.lax.scan(rank_step, init, (kids.T, more_next.T))  # accept [K, R]
+    empty = jnp.zeros((r, 0), jnp.int32)
+    law = _Law(state[7], empty, empty.astype(jnp.float32), empty.astype(jnp.bool_), state[8])
+    return accept, law
+
+
 def _no_entries(c) -> _Law:
     """The law ``max(p - c q, 0)`` with no tried-token entries (J = 0), rows like ``c``."""
     shape = jnp.shape(c) + (0,)
@@ -391,7 +472,7 @@ def _gather_accept(st, per_rank, n, subsets):
     if subsets:
         order = np.concatenate([st.children[r, k] for k, r in enumerate(st.rows_by_rank)])
         return jnp.concatenate(per_rank)[np.argsort(order)]  # static permutation
-    table = jnp.stack(per_rank)  # [K, N + 1]: rank k, row r
+    table = jnp.stack(per_rank) if isinstance(per_rank, list) else per_rank  # [K, N + 1]
     return table[jnp.asarray(st.rank), jnp.asarray(st.parent_row)]
 
 

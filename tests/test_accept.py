@@ -169,6 +169,24 @@ def test_path_walk_matches_all_rows_form(scheme):
     assert np.isin(np.asarray(static.accepted_nodes), [9, 10]).any()
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_traced_trees_trace_to_a_program_linear_in_n(scheme):
+    """Traced parents: the children table has N columns (any row may have N children), so
+    the rule must trace at most O(N) operations, not O(N^2) (without replacement once
+    traced quadratically many and took two minutes to compile at N = 64)."""
+    v = 16
+
+    def size(n):
+        p = jnp.full((n + 1, v), 1.0 / v)
+        f = jax.jit(lambda par, k: speculative_accept(k, par, jnp.zeros((n,), jnp.int32), p, p,
+                                                      scheme=scheme).tokens)
+        return len(f.lower(jnp.asarray(jaxspec.chain(n), jnp.int32), jax.random.key(0)).as_text())
+
+    s16, s32, s64 = size(16), size(32), size(64)
+    # linear: the growth from 32 to 64 is about twice that from 16 to 32; quadratic: 4x
+    assert s64 - s32 < 3 * max(s32 - s16, 1000), (s16, s32, s64)
+
+
 def test_accepted_path_is_a_root_to_node_path():
     rng = np.random.default_rng(6)
     par = np.array(jaxspec.branching((2, 2, 2)))
