@@ -434,8 +434,8 @@ def _rank_walk_dense(kids, P, Q):
             jnp.where(more, z_new, z),
             jnp.where(more, z_new <= 0, exh),
             jnp.where(ok[:, None], ctok_new, ctok),
-            jnp.where(more[:, None], zero_new, zero),
-            jnp.where(more[:, None], tried_new, tried),
+            jnp.where(ok[:, None], zero_new, zero),  # a kept law keeps x unzeroed too
+            jnp.where(more[:, None], tried_new, tried),  # ... but x was tried all the same
             c_fin,
             zero_fin,
         )

@@ -187,6 +187,27 @@ def test_traced_trees_trace_to_a_program_linear_in_n(scheme):
     assert s64 - s32 < 3 * max(s32 - s16, 1000), (s16, s32, s64)
 
 
+def test_probability_zero_rejection_keeps_the_law_static_and_traced():
+    """Without replacement, root p = [.5, .5, 0, 0], q = one-hot(0), siblings 0, 1, 2.
+    Sibling 0: accept .5, residual [0, 1, 0, 0]. The support of q is then exhausted, so
+    sibling 1 is a point mass: accept p'(1) = 1; its rejection (probability 0) leaves a
+    residual summing to 0, so the law is kept -- token 1 is *not* zeroed. Sibling 2: accept
+    p'(2) = 0; the row's final law stays [0, 1, 0, 0]. Literal values, for a static tree,
+    a traced one (the dense form) and the float64 reference."""
+    p = np.full((4, 4), 0.25, np.float32)
+    p[0] = [0.5, 0.5, 0.0, 0.0]
+    q = np.zeros((4, 4), np.float32)
+    q[:, 0] = 1.0
+    par, toks = [-1, -1, -1], jnp.array([0, 1, 2])
+    scheme = "without_replacement"
+    static = accept_probabilities(par, toks, p, q, scheme=scheme)
+    traced = jax.jit(lambda a: accept_probabilities(a, toks, p, q, scheme=scheme))(jnp.asarray(par, jnp.int32))
+    ref = reference_probabilities(par, np.asarray(toks), p, q, scheme=scheme)
+    for accept, residual in (static, traced, ref):
+        np.testing.assert_allclose(accept, [0.5, 1.0, 0.0], atol=1e-7)
+        np.testing.assert_allclose(residual[0], [0.0, 1.0, 0.0, 0.0], atol=1e-7)
+
+
 def test_accepted_path_is_a_root_to_node_path():
     rng = np.random.default_rng(6)
     par = np.array(jaxspec.branching((2, 2, 2)))
