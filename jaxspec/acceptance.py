@@ -23,7 +23,8 @@ front, vectorized over rows, one step per sibling rank. No residual *vector* is 
 stored: the residual keeps the closed form ``max(p - c(y) q, 0) / s`` with a scalar ``c``
 per row (and, without replacement, a frozen ``c`` per tried token), so a rejection costs
 one fused reduction over the vocabulary for the rows that still have a sibling to judge
-(a chain needs none; the deterministic scheme is pure scalar arithmetic). The uniforms
+(two without replacement: the residual mass and the untried draft mass; a chain needs
+none; the deterministic scheme is pure scalar arithmetic). The uniforms
 then pick the path with a few mask reductions, and only the one row the extra token is
 emitted from is evaluated over the vocabulary. No data-dependent loop, so ``jax.vmap``
 over millions of chains costs every lane the same.
@@ -32,14 +33,14 @@ Two evaluation orders of that one rule. A static tree with a row of >= 2 childre
 ``iid`` / ``without_replacement`` takes the *path walk* (:func:`_path_walk`): one step per
 depth (a static loop), each gathering the current row and judging its siblings there, so
 only the rows on the path are read over the vocabulary -- at most ``sum_d (K_d - 1)``
-passes a round instead of one per rejected sibling of every row (the uniforms decide
+rejection steps a round (one pass each, two without replacement) instead of one per rejected sibling of every row (the uniforms decide
 which row each step reads; every lane still does the same work). Chains, the
 deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown at trace
 time) take the *all-rows* form (:func:`_walk` + :func:`_choose_path`). Both use the same
 uniforms and laws and agree token for token (tests/test_accept.py). A traced tree may give
 any row up to N children, so under ``without_replacement`` it keeps the tried tokens in a
 dense per-token form stepped by a ``lax.scan`` over sibling ranks (:func:`_rank_walk_dense`):
-a program of O(1) size in N instead of O(N^2) entries.
+one traced step whatever N, instead of O(N^2) entries.
 
 Randomness: one independent uniform per node (each node is tested at most once) and one
 more, from a separate key, for the residual/bonus draw. No number is used twice.
@@ -159,8 +160,13 @@ def _structure(parents) -> _Structure:
 #   ``_deterministic_accept``);
 #
 # and then s <- sum(res) (one fused reduction over the vocabulary per row that still has
-# a sibling to judge; none for a chain). A rejection whose residual sums to 0 in float
-# (p == q up to rounding: an event of probability 0) keeps the previous law instead.
+# a sibling to judge, plus one for the untried q-mass z without replacement; none for a
+# chain). A rejection whose residual sums to 0 in float keeps the previous law instead;
+# for the last sibling of a row the emitted law falls back to the target row (``_row_law``).
+# Both are events of probability 0 for drafts the scheme can produce. A draft it cannot
+# produce (without replacement: a repeated sibling token, or a q(x) = 0 token before q's
+# support is exhausted) is outside the contract: the result stays finite, but which of
+# the two conventions applies may then depend on float rounding.
 # ``p`` enters unnormalized at k = 0 (s = 1), exactly as the sequential rule reads it.
 
 
@@ -268,11 +274,11 @@ def _walk(st, tokens, P, Q, scheme):
     its children were rejected -- for a leaf row, the row itself (the bonus law).
 
     One step per sibling rank, vectorized over the rows that have a child of that rank
-    (static trees: exactly those rows; traced trees: every row, masked).
+    (static trees: exactly those rows; traced trees: every row, masked -- under
+    without replacement as one ``lax.scan`` step over a dense law, :func:`_rank_walk_dense`).
     """
     n = tokens.shape[0]
     kids = _child_tokens(st, tokens)  # [N + 1, K], -1 where no child
-    num_ranks = kids.shape[1]
     static = st.rows_by_rank is not None
     if scheme == "deterministic":
         px = _take(P, st.parent_row, tokens) if static else P[st.parent_row, tokens]
@@ -285,7 +291,7 @@ def _walk(st, tokens, P, Q, scheme):
         )
         return accept, law
     track = scheme == "without_replacement"  # iid: the residual ignores which tokens
-    if track and not static:  # O(K) ops instead of O(K^2) entries (K = N when traced)
+    if track and not static:  # one scan step instead of O(K^2) entries (K = N when traced)
         per_rank, law = _rank_walk_dense(kids, P, Q)
         return _gather_accept(st, per_rank, n, False), law
     per_rank, fin_c, fin_entry, cont_entry, c_final = _rank_walk(
@@ -390,8 +396,9 @@ def _rank_walk_dense(kids, P, Q):
     """Without replacement on every row at once, the law kept *dense*: per-token ``c``
     ``[R, V]``, zeroed and tried masks ``[R, V]``, instead of one entry per tried
     sibling. The same laws and arithmetic as :func:`_rank_walk` (entries are frozen c's;
-    here a tried token's c simply stops moving), but O(K) operations to trace and compile
-    instead of O(K^2): for traced trees K is N, the most children a row can have.
+    here a tried token's c simply stops moving), traced as one ``lax.scan`` step whatever K
+    instead of O(K^2) entry updates: for traced trees K is N, the most children a row can
+    have.
 
     Returns ``(accept, law)``: float32[K, R] acceptance probabilities per rank; ``law``
     the dense final law of every row (its residual once all its children were rejected;
@@ -532,8 +539,9 @@ def _assemble_traced(kids, c_final, fin_entry, cont_entry, track):
 
 def _row_law(law: _Law, row, P, Q):
     """float32[V]: the (unnormalized) law emitted at ``row`` (a traced scalar); a row
-    whose residual sums to 0 in float falls back to its target row ``p`` (probability-0
-    event; never NaN, never a token p excludes)."""
+    whose residual sums to 0 in float falls back to its target row ``p`` (an event of
+    probability 0 for drafts the scheme can produce, see the comment above ``_Law``;
+    never NaN, never a token p excludes)."""
     return _eval_law(jax.tree.map(lambda a: a[row], law), row, P, Q)
 
 
@@ -606,10 +614,10 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     """The rule for a static tree under ``iid`` / ``without_replacement``, judging only
     the rows on the path: walk depth by depth, gather the current row (``p, q: [V]``),
     run the sibling steps of :func:`_rank_walk` on that one row, follow the first child
-    whose test passes. A row with K children costs K - 1 passes over the vocabulary, so a
-    round costs at most ``sum_d (K_d - 1)`` passes (K_d: the most children of a row at
-    depth d) instead of one per rejected sibling of *every* row -- the difference between
-    8 and 47 passes for (4, 3, 4) at V = 32000. Same uniforms, same laws, same result as
+    whose test passes. A row with K children costs K - 1 rejection steps over the
+    vocabulary (one pass each under iid, two without replacement), so a round costs at
+    most ``sum_d (K_d - 1)`` of them (K_d: the most children of a row at depth d) instead
+    of one per rejected sibling of *every* row -- 8 instead of 47 for (4, 3, 4). Same uniforms, same laws, same result as
     the all-rows form (checked in tests/test_accept.py).
 
     Returns ``(num_accepted, last, accepted_nodes int32[N], law)`` with ``law`` the
@@ -629,8 +637,8 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     path = []
     for d in range(max_depth):
         rows_d = np.flatnonzero(row_depth == d)
-        k_d = max(int(num_kids[rows_d].max()), 1)
-        if rows_d.size == 1:  # a single row at this depth (the root): static slices
+        k_d = int(num_kids[rows_d].max())  # >= 1: a row above max_depth has a child
+        if rows_d.size == 1:  # one row at this depth (always so at the root): static slices
             r = int(rows_d[0])
             kid = jnp.asarray(children[r, :k_d])
             p, q = P[r], Q[r]

@@ -130,8 +130,8 @@ def test_path_walk_matches_all_rows_form(scheme):
     """Static branching trees take the path walk (only the rows on the accepted path are
     judged over the vocabulary); traced parents take the all-rows form. Two independent
     evaluations of the same rule: same key -> same tokens, on an unbalanced tree with a
-    two-level draw (V = 200), repeated sibling tokens, and draft rows whose support the
-    siblings exhaust (without replacement: point-mass proposals)."""
+    two-level draw (V = 200), repeated sibling tokens (iid), and a draft row whose support
+    the siblings exhaust (without replacement: point-mass proposals)."""
     from jaxspec import acceptance
 
     par = [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7]  # ranks up to 4, leaves at depths 1-4
@@ -150,8 +150,18 @@ def test_path_walk_matches_all_rows_form(scheme):
     # is reached and every rank gets tried
     p = (0.6 * q + 0.4 * _rand_rows(rng, n + 1, v, conc=0.3)).astype(np.float32)
     toks = np.array([rng.choice(v, p=q[j + 1] / q[j + 1].sum()) for j in par])
-    toks[[7, 8, 9, 10]] = [5, 6, 7, 5]
-    toks[4] = toks[3]  # a repeated sibling token
+    if scheme == "iid":
+        toks[[7, 8, 9, 10]] = [5, 6, 7, 5]
+        toks[4] = toks[3]  # a repeated sibling token
+    else:  # drafts the scheme can produce: distinct siblings; once {5, 6} is exhausted,
+        # the zero-probability tokens in index order (as draw_without_replacement does)
+        toks[[7, 8, 9, 10]] = [5, 6, 0, 1]
+        p[4] *= 0.5  # and give those point-mass siblings target mass, so they get accepted
+        p[4, [0, 1]] += 0.25
+        for kids in ([0, 1, 2], [3, 4, 5]):
+            row = q[par[kids[0]] + 1]
+            while len(set(toks[kids].tolist())) < len(kids):
+                toks[kids[-1]] = rng.choice(v, p=row / row.sum())
     keys = jax.random.split(jax.random.key(12), 4000)
     toks = jnp.asarray(toks, jnp.int32)
 
