@@ -478,7 +478,7 @@ def _gather_accept(st, per_rank, n, subsets):
     covers rows_by_rank[k]; else every row)."""
     if subsets:
         order = np.concatenate([st.children[r, k] for k, r in enumerate(st.rows_by_rank)])
-        return jnp.concatenate(per_rank)[np.argsort(order)]  # static permutation
+        return _pick(jnp.concatenate(per_rank), np.argsort(order))  # static permutation
     table = jnp.stack(per_rank) if isinstance(per_rank, list) else per_rank  # [K, N + 1]
     return table[jnp.asarray(st.rank), jnp.asarray(st.parent_row)]
 

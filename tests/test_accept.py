@@ -33,7 +33,7 @@ def test_zero_target_probability_rejects_and_resamples_from_target():
     p = np.array([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]], np.float32)
     q = np.array([[1.0, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3]], np.float32)
     keys = jax.random.split(jax.random.key(1), 4000)
-    r = jax.vmap(lambda k: speculative_accept(k, [-1], jnp.array([0]), p, q, scheme="iid"))(keys)
+    r = jax.jit(jax.vmap(lambda k: speculative_accept(k, [-1], jnp.array([0]), p, q, scheme="iid")))(keys)
     assert (r.num_accepted == 0).all()
     first = np.asarray(r.tokens[:, 0])
     assert set(np.unique(first)) == {1, 2}
@@ -53,12 +53,16 @@ def test_no_nan_on_degenerate_inputs(scheme):
         # draft never proposes what the target wants, target never emits drafted tokens
         "disjoint": (np.array([[0, 0, 0.5, 0.5]] * 3, np.float32), np.array([[0.5, 0.5, 0, 0]] * 3, np.float32)),
     }
+    keys = jax.random.split(jax.random.key(2), 256)
+    # one compile for every case: the rows and tokens are arguments (validated eagerly below)
+    rule = jax.jit(jax.vmap(
+        lambda k, t, p, q: speculative_accept(k, [-1, -1], t, p, q, scheme=scheme), in_axes=(0, None, None, None)))
     for name, (p, q) in cases.items():
         for toks in ([0, 1], [2, 2], [3, 0]):
             acc, res = accept_probabilities([-1, -1], jnp.array(toks), p, q, scheme=scheme)
             assert np.isfinite(np.asarray(acc)).all() and np.isfinite(np.asarray(res)).all(), name
-            keys = jax.random.split(jax.random.key(2), 256)
-            r = jax.vmap(lambda k: speculative_accept(k, [-1, -1], jnp.array(toks), p, q, scheme=scheme))(keys)
+            speculative_accept(keys[0], [-1, -1], jnp.array(toks), p, q, scheme=scheme)  # valid input
+            r = rule(keys, jnp.array(toks), p, q)
             out = np.asarray(r.tokens)
             emitted = out[np.arange(256), np.asarray(r.num_tokens) - 1]
             # the emitted extra token is never a zero-probability token of the law used
@@ -76,7 +80,7 @@ def test_onehot_target_reproduces_greedy():
     for scheme in SCHEMES:
         keys = jax.random.split(jax.random.key(3), 500)
         toks = jnp.array([1, 2, 2, 0, 3, 2])
-        r = jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme))(keys)
+        r = jax.jit(jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme)))(keys)
         out, n = np.asarray(r.tokens), np.asarray(r.num_tokens)
         for i in range(500):
             assert (out[i, : n[i]] == 2).all() and (out[i, n[i]:] == -1).all()
@@ -117,7 +121,7 @@ def test_traced_parents_match_static():
     toks = jnp.array([0, 1, 2, 3, 4, 5])
     keys = jax.random.split(jax.random.key(9), 200)
     for scheme in SCHEMES:
-        static = jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme))(keys)
+        static = jax.jit(jax.vmap(lambda k: speculative_accept(k, TREE, toks, p, q, scheme=scheme)))(keys)
         traced = jax.jit(
             lambda par: jax.vmap(lambda k: speculative_accept(k, par, toks, p, q, scheme=scheme))(keys)
         )(jnp.array(TREE, jnp.int32))
@@ -225,7 +229,7 @@ def test_accepted_path_is_a_root_to_node_path():
     p, q = _rand_rows(rng, n + 1, v, 3.0), _rand_rows(rng, n + 1, v, 3.0)
     toks = rng.integers(0, v, n)
     keys = jax.random.split(jax.random.key(4), 2000)
-    r = jax.vmap(lambda k: speculative_accept(k, par, toks, p, q, scheme="iid"))(keys)
+    r = jax.jit(jax.vmap(lambda k: speculative_accept(k, par, toks, p, q, scheme="iid")))(keys)
     nodes, na = np.asarray(r.accepted_nodes), np.asarray(r.num_accepted)
     assert na.max() == 3  # deep paths do occur
     for i in range(2000):
