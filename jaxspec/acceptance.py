@@ -547,7 +547,11 @@ def _row_law(law: _Law, row, P, Q):
 
 def _eval_law(r: _Law, row, P, Q):
     """:func:`_row_law` for the law ``r`` of one row (no leading axis)."""
-    p, q = P[row], Q[row]
+    return _eval_law_rows(r, P[row], Q[row])
+
+
+def _eval_law_rows(r: _Law, p, q):
+    """:func:`_eval_law` given that row's target and draft rows ``p, q: float32[V]``."""
     res = _law_eval(r, jnp.arange(p.shape[-1], dtype=jnp.int32), p, q)[0]
     return jnp.where(_sum_last(res) > 0, res, p)
 
@@ -620,8 +624,10 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     of one per rejected sibling of *every* row -- 8 instead of 47 for (4, 3, 4). Same uniforms, same laws, same result as
     the all-rows form (checked in tests/test_accept.py).
 
-    Returns ``(num_accepted, last, accepted_nodes int32[N], law)`` with ``law`` the
-    final law of row ``last + 1`` (a :class:`_Law` without leading axis).
+    Returns ``(num_accepted, last, accepted_nodes int32[N], law, p, q)`` with ``law`` the
+    final law of row ``last + 1`` (a :class:`_Law` without leading axis) and ``p, q:
+    float32[V]`` the rows it is evaluated on (``q`` is zeros for a bonus law at small V:
+    it has c = 0 and no entries, so ``q`` plays no part).
     """
     n = tokens.shape[0]
     track = scheme == "without_replacement"
@@ -634,7 +640,7 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     alive = jnp.ones((), jnp.bool_)  # every node so far was accepted
     fin = _Law(jnp.zeros((), jnp.float32), jnp.full((width,), -1, jnp.int32),
                jnp.zeros((width,), jnp.float32), jnp.zeros((width,), jnp.bool_))
-    path = []
+    path, stops = [], []
     for d in range(max_depth):
         rows_d = np.flatnonzero(row_depth == d)
         k_d = int(num_kids[rows_d].max())  # >= 1: a row above max_depth has a child
@@ -659,13 +665,29 @@ def _path_walk(st, tokens, P, Q, u, scheme):
                        jnp.pad(law.tok_c, (0, pad)), jnp.pad(law.tok_zero, (0, pad)))
         stop = alive & ~go
         fin = jax.tree.map(lambda new, old: jnp.where(stop, new, old), law, fin)
+        stops.append((stop, p, q))
         path.append(jnp.where(go, node, -1))
         cur = jnp.where(go, node + 1, cur)
         alive = go
-    # alive here: an accepted leaf at the deepest level -> the bonus law (fin is c = 0)
+    if P.shape[-1] > _CARRY_ROWS_MAX_V:
+        p_fin, q_fin = P[cur], Q[cur]
+    else:
+        # alive here: an accepted leaf at the deepest level -> the bonus law (fin is c = 0,
+        # so q plays no part): only its p row is fetched. A walk that stopped at depth d
+        # emits from the rows that step already gathered.
+        p_fin, q_fin = P[cur], jnp.zeros_like(P[0])
+        for stop, p, q in reversed(stops):
+            p_fin, q_fin = jnp.where(stop, p, p_fin), jnp.where(stop, q, q_fin)
     accepted_nodes = jnp.stack(path + [jnp.full((), -1, jnp.int32)] * (n - max_depth))
     num_accepted = jnp.sum(accepted_nodes >= 0, dtype=jnp.int32)
-    return num_accepted, cur - 1, accepted_nodes, fin
+    return num_accepted, cur - 1, accepted_nodes, fin, p_fin, q_fin
+
+
+#: the path walk emits from the rows it already gathered (selected by the stopping depth)
+#: when V is at most this; above it, fetching the emitted row's p and q again is cheaper
+#: than re-reading every depth's rows (measured: batch 4096 at V = 32 gains 15-30%, V = 32000
+#: loses ~5%)
+_CARRY_ROWS_MAX_V = 1024
 
 
 def _use_path_walk(st, scheme) -> bool:
@@ -684,8 +706,8 @@ def _accept_core(key, parents, tokens, target_probs, draft_probs, scheme) -> Acc
     key_accept, key_emit = jax.random.split(key)
     u = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
     if _use_path_walk(st, scheme):
-        num_accepted, last, accepted_nodes, law = _path_walk(st, tokens, P, Q, u, scheme)
-        emit = _eval_law(law, last + 1, P, Q)
+        num_accepted, last, accepted_nodes, law, p, q = _path_walk(st, tokens, P, Q, u, scheme)
+        emit = _eval_law_rows(law, p, q)
     else:
         accept_prob, law = _walk(st, tokens, P, Q, scheme)  # [N], rows' final laws
         num_accepted, last, accepted_nodes = _choose_path(st, accept_prob, u)

@@ -129,14 +129,20 @@ def test_traced_parents_match_static():
         np.testing.assert_array_equal(static.accepted_nodes, traced.accepted_nodes)
 
 
+@pytest.mark.parametrize("fetch", ["carried", "refetched"])
 @pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
-def test_path_walk_matches_all_rows_form(scheme):
+def test_path_walk_matches_all_rows_form(scheme, fetch, monkeypatch):
     """Static branching trees take the path walk (only the rows on the accepted path are
     judged over the vocabulary); traced parents take the all-rows form. Two independent
     evaluations of the same rule: same key -> same tokens, on an unbalanced tree with a
     two-level draw (V = 200), repeated sibling tokens (iid), and a draft row whose support
-    the siblings exhaust (without replacement: point-mass proposals)."""
+    the siblings exhaust (without replacement: point-mass proposals). Both ways the walk
+    gets the emitted row's p and q: carried from the step that stopped (small V) and
+    fetched again (large V; forced here by lowering the threshold)."""
     from jaxspec import acceptance
+
+    if fetch == "refetched":
+        monkeypatch.setattr(acceptance, "_CARRY_ROWS_MAX_V", 0)
 
     par = [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7]  # ranks up to 4, leaves at depths 1-4
     st = acceptance._structure(par)
