@@ -685,8 +685,8 @@ def _path_walk(st, tokens, P, Q, u, scheme):
 
 #: the path walk emits from the rows it already gathered (selected by the stopping depth)
 #: when V is at most this; above it, fetching the emitted row's p and q again is cheaper
-#: than re-reading every depth's rows (measured: batch 4096 at V = 32 gains 15-30%, V = 32000
-#: loses ~5%)
+#: than re-reading every depth's rows (measured on one CPU core: at V = 32 batch 4096 gains
+#: 15-30% and batch 1024 3-5%; at V = 32000 carrying lost ~5%)
 _CARRY_ROWS_MAX_V = 1024
 
 
