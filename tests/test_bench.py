@@ -111,6 +111,10 @@ def test_cli_json_tiny(tmp_path, capsys):
                   "read_floor_rounds_per_s", "fraction_of_read_floor"):
             assert _positive(r[k]), (k, r)
         assert r["fraction_of_floor"] == pytest.approx(r["accept_rounds_per_s"] / r["rng_floor_rounds_per_s"])
+        lo, hi = r["fraction_of_floor_turn_range"]  # one turn in the tiny config: a point
+        assert 0 < lo <= hi and lo == pytest.approx(r["fraction_of_floor"]) and hi == pytest.approx(lo)
+        lo, hi = r["accept_rounds_per_s_turn_range"]
+        assert lo == pytest.approx(r["accept_rounds_per_s"]) and hi == pytest.approx(lo)
         assert r["fraction_of_read_floor"] == pytest.approx(
             r["accept_rounds_per_s"] / r["read_floor_rounds_per_s"])
     assert on_disk["headline"]["accept_rounds_per_s"] == pytest.approx(result["accept_rounds_per_s"])
@@ -153,6 +157,8 @@ def test_time_calls_takes_turns():
                               repeats=3, min_time=0.0)
     assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
     assert order == ["a", "b"] * 4  # one warm-up call each, then 3 turns of one call each
+    turns = common.time_calls_turns({"a": (traced("a"), (jnp.ones(2),))}, repeats=4, min_time=0.0)
+    assert list(turns) == ["a"] and len(turns["a"]) == 4 and all(t > 0 for t in turns["a"])
     assert common.time_call(traced("c"), jnp.ones(1), repeats=2, min_time=0.0) > 0
     with pytest.raises(ValueError, match="repeats = 0"):
         common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)

@@ -15,8 +15,10 @@ next to, in the same run and taking turns with it (:func:`jaxspec.bench.common.t
 Median of repeats after a warm-up compile.
 
 JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
-accept_rounds_per_s, rng_floor_rounds_per_s, fraction_of_floor, read_floor_rounds_per_s,
-fraction_of_read_floor}``; the headline figures (N = 8, V = 32, batch 1024, chain,
+accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
+fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
+fraction_of_read_floor}`` (rates and fractions from the medians over turns; a turn range
+is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32, batch 1024, chain,
 ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as ticks.
 
     report = run("tiny")
@@ -26,6 +28,7 @@ fraction_of_read_floor}``; the headline figures (N = 8, V = 32, batch 1024, chai
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -137,21 +140,28 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
                 calls[(tree_name, scheme)] = (_accept_fn(parents, scheme), (keys, toks, p, q))
         common.log(f"accept: N={n} V={v} B={batch}: compiling {len(calls) - 2} rules, timing "
                    f"{cfg.repeats} turns of {cfg.min_time:g} s each ...")
-        times = common.time_calls(calls, repeats=cfg.repeats, min_time=cfg.min_time)
+        turns = common.time_calls_turns(calls, repeats=cfg.repeats, min_time=cfg.min_time)
+        times = {k: statistics.median(ts) for k, ts in turns.items()}
         t_floor, t_read = times.pop("floor"), times.pop("read")
         for (tree_name, scheme), t in times.items():
+            # the same fraction turn by turn (rule and floor timed seconds apart): how much
+            # it moves within the run
+            per_turn = [f / a for f, a in zip(turns["floor"], turns[(tree_name, scheme)])]
             rows.append({
                 "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
                 "accept_rounds_per_s": batch / t,
+                "accept_rounds_per_s_turn_range": [batch / max(turns[(tree_name, scheme)]),
+                                                   batch / min(turns[(tree_name, scheme)])],
                 "rng_floor_rounds_per_s": batch / t_floor,
                 "fraction_of_floor": t_floor / t,
+                "fraction_of_floor_turn_range": [min(per_turn), max(per_turn)],
                 "read_floor_rounds_per_s": batch / t_read,
                 "fraction_of_read_floor": t_read / t,
             })
             common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
                        f"{batch / t:14,.0f} rounds/s   {t_floor / t:6.3f} of RNG floor "
-                       f"({batch / t_floor:,.0f}/s)   {t_read / t:6.3f} of read floor "
-                       f"({batch / t_read:,.0f}/s)")
+                       f"({batch / t_floor:,.0f}/s; turns {min(per_turn):.2f}-{max(per_turn):.2f})   "
+                       f"{t_read / t:6.3f} of read floor ({batch / t_read:,.0f}/s)")
     report = {
         "benchmark": NAME,
         "size": size,
@@ -202,7 +212,8 @@ def _rate(x: float) -> str:
 
 
 def plot(report: dict, path) -> None:
-    """Bars of rounds/s (log scale) per (case, tree) and scheme; the floor as a black tick."""
+    """Bars of rounds/s (log scale) per (case, tree) and scheme, whiskers from the slowest
+    to the fastest turn; the floors as ticks."""
     plt = common.pyplot()
     rows = report["rows"]
     groups = list(dict.fromkeys((r["N"], r["V"], r["batch"], r["tree"]) for r in rows))
@@ -210,13 +221,17 @@ def plot(report: dict, path) -> None:
     width = 0.8 / len(schemes)
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.5))
     for j, s in enumerate(schemes):
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for i, g in enumerate(groups):
             for r in rows:
                 if (r["N"], r["V"], r["batch"], r["tree"]) == g and r["scheme"] == s:
                     xs.append(i - 0.4 + width * (j + 0.5))
-                    ys.append(r["accept_rounds_per_s"])
-        ax.bar(xs, ys, width, label=s)
+                    y = r["accept_rounds_per_s"]
+                    ys.append(y)
+                    a, b = r.get("accept_rounds_per_s_turn_range", (y, y))
+                    lo.append(max(y - a, 0.0))
+                    hi.append(max(b - y, 0.0))
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, error_kw={"lw": 0.8}, label=s)
     for i, g in enumerate(groups):
         first = next(r for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
         ax.hlines(first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45, color="k", lw=2,

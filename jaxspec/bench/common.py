@@ -34,6 +34,7 @@ __all__ = [
     "log",
     "time_call",
     "time_calls",
+    "time_calls_turns",
     "interleaved",
     "machine_info",
     "default_out_dir",
@@ -73,6 +74,13 @@ def time_calls(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.
     ``(fn, args)``; after one warm-up call each, every repeat times each function in turn
     (back-to-back calls for ``min_time`` seconds), so a changing machine load hits all of
     them alike. Returns ``{name: median seconds per call}``."""
+    turns = time_calls_turns(calls, repeats=repeats, min_time=min_time)
+    return {k: statistics.median(v) for k, v in turns.items()}
+
+
+def time_calls_turns(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.2) -> dict[str, list[float]]:
+    """:func:`time_calls` without the median: ``{name: [seconds per call in turn 0, 1,
+    ...]}``, so that ratios can be taken turn by turn (functions timed seconds apart)."""
     if repeats < 1:
         raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
     for fn, args in calls.values():
@@ -88,7 +96,7 @@ def time_calls(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.
                 if time.perf_counter() - t0 >= min_time:
                     break
             times[name].append((time.perf_counter() - t0) / n)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
