@@ -33,8 +33,9 @@ Two evaluation orders of that one rule. A static tree with a row of >= 2 childre
 ``iid`` / ``without_replacement`` takes the *path walk* (:func:`_path_walk`): one step per
 depth (a static loop), each gathering the current row and judging its siblings there, so
 only the rows on the path are read over the vocabulary -- at most ``sum_d (K_d - 1)``
-rejection steps a round (one pass each, two without replacement) instead of one per rejected sibling of every row (the uniforms decide
-which row each step reads; every lane still does the same work). Chains, the
+rejection steps a round (one pass each, two without replacement) instead of one per
+rejected sibling of every row (the uniforms decide which row each step reads; every lane
+still does the same work). Chains, the
 deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown at trace
 time) take the *all-rows* form (:func:`_walk` + :func:`_choose_path`). Both use the same
 uniforms and laws and agree token for token (tests/test_accept.py). A traced tree may give
@@ -621,8 +622,8 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     whose test passes. A row with K children costs K - 1 rejection steps over the
     vocabulary (one pass each under iid, two without replacement), so a round costs at
     most ``sum_d (K_d - 1)`` of them (K_d: the most children of a row at depth d) instead
-    of one per rejected sibling of *every* row -- 8 instead of 47 for (4, 3, 4). Same uniforms, same laws, same result as
-    the all-rows form (checked in tests/test_accept.py).
+    of one per rejected sibling of *every* row -- 8 instead of 47 for (4, 3, 4). Same
+    uniforms, same laws, same result as the all-rows form (checked in tests/test_accept.py).
 
     Returns ``(num_accepted, last, accepted_nodes int32[N], law, p, q)`` with ``law`` the
     final law of row ``last + 1`` (a :class:`_Law` without leading axis) and ``p, q:

@@ -54,14 +54,16 @@ def test_no_nan_on_degenerate_inputs(scheme):
         "disjoint": (np.array([[0, 0, 0.5, 0.5]] * 3, np.float32), np.array([[0.5, 0.5, 0, 0]] * 3, np.float32)),
     }
     keys = jax.random.split(jax.random.key(2), 256)
-    # one compile for every case: the rows and tokens are arguments (validated eagerly below)
+    # one compile for every case: the rows and tokens are arguments (validated below, at
+    # trace time, where they are concrete)
     rule = jax.jit(jax.vmap(
         lambda k, t, p, q: speculative_accept(k, [-1, -1], t, p, q, scheme=scheme), in_axes=(0, None, None, None)))
     for name, (p, q) in cases.items():
         for toks in ([0, 1], [2, 2], [3, 0]):
             acc, res = accept_probabilities([-1, -1], jnp.array(toks), p, q, scheme=scheme)
             assert np.isfinite(np.asarray(acc)).all() and np.isfinite(np.asarray(res)).all(), name
-            speculative_accept(keys[0], [-1, -1], jnp.array(toks), p, q, scheme=scheme)  # valid input
+            jax.eval_shape(lambda k: speculative_accept(k, [-1, -1], np.array(toks), p, q, scheme=scheme),
+                           keys[0])  # accepted as valid input
             r = rule(keys, jnp.array(toks), p, q)
             out = np.asarray(r.tokens)
             emitted = out[np.arange(256), np.asarray(r.num_tokens) - 1]

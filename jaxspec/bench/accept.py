@@ -18,8 +18,8 @@ JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
 accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
 fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
 fraction_of_read_floor}`` (rates and fractions from the medians over turns; a turn range
-is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32, batch 1024, chain,
-``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as ticks.
+is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32,
+batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as ticks.
 
     report = run("tiny")
     report["headline"]["accept_rounds_per_s"] > 0    # True
@@ -146,12 +146,12 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
         for (tree_name, scheme), t in times.items():
             # the same fraction turn by turn (rule and floor timed seconds apart): how much
             # it moves within the run
-            per_turn = [f / a for f, a in zip(turns["floor"], turns[(tree_name, scheme)])]
+            rule_turns = turns[(tree_name, scheme)]
+            per_turn = [f / a for f, a in zip(turns["floor"], rule_turns)]
             rows.append({
                 "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
                 "accept_rounds_per_s": batch / t,
-                "accept_rounds_per_s_turn_range": [batch / max(turns[(tree_name, scheme)]),
-                                                   batch / min(turns[(tree_name, scheme)])],
+                "accept_rounds_per_s_turn_range": [batch / max(rule_turns), batch / min(rule_turns)],
                 "rng_floor_rounds_per_s": batch / t_floor,
                 "fraction_of_floor": t_floor / t,
                 "fraction_of_floor_turn_range": [min(per_turn), max(per_turn)],
