@@ -117,6 +117,52 @@ def test_agrees_with_sequential_reference(scheme, parents):
     assert mism == 0
 
 
+def test_path_choice_literal():
+    """Which tests passed -> the accepted path, on the tree 0 -> {2, 3}, 1 -> {4}, 2 -> {5}
+    (TREE) and on the chain of 4: the first passing sibling is followed, a later passing
+    sibling and a passing node off the path do not count."""
+    from jaxspec import acceptance
+
+    def choose(parents, passed):
+        acc = jnp.asarray(passed, jnp.float32)
+        num, last, nodes = acceptance._choose_path(acceptance._structure(parents), acc, jnp.full(acc.shape, 0.5))
+        return int(num), int(last), np.asarray(nodes).tolist()
+
+    #                 node: 0  1  2  3  4  5
+    assert choose(TREE, [1, 1, 0, 1, 1, 1]) == (2, 3, [0, 3, -1, -1, -1, -1])  # 0, then 3 (2 failed)
+    assert choose(TREE, [1, 1, 1, 1, 0, 1]) == (3, 5, [0, 2, 5, -1, -1, -1])  # 0 before 1; 2 before 3
+    assert choose(TREE, [0, 1, 1, 1, 1, 0]) == (2, 4, [1, 4, -1, -1, -1, -1])  # 0 failed: its subtree is off
+    assert choose(TREE, [0, 0, 1, 1, 1, 1]) == (0, -1, [-1] * 6)
+    assert choose([-1, 0, 1, 2], [1, 1, 0, 1]) == (2, 1, [0, 1, -1, -1])  # node 3 passed, after a failure
+    assert choose([-1, 0, 1, 2], [1, 1, 1, 1]) == (4, 3, [0, 1, 2, 3])
+    assert choose([-1, 0, 1, 2], [0, 1, 1, 1]) == (0, -1, [-1] * 4)
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3, 4, 5, 6], TREE, [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7],
+                                     [-1] * 6, [-1, 0, 0, 1, 1, 2, 2, 3, 3]])
+def test_path_choice_forms_agree(parents):
+    """The path choice by first failed test (static chain), depth by depth (other static
+    trees) and by [N, N] masks (traced trees) are one function: 20,000 random test
+    outcomes, including the all-pass and all-fail corners, give the same path all ways."""
+    from jaxspec import acceptance
+
+    n = len(parents)
+    rng = np.random.default_rng(3)
+    acc = rng.random((20000, n)) < rng.choice([0.1, 0.5, 0.9], size=(20000, 1))
+    acc[:2] = [[True] * n, [False] * n]
+    acc = jnp.asarray(acc)
+    static = acceptance._structure(parents)
+    form = acceptance._choose_chain if static.children.shape[1] == 1 else acceptance._choose_by_depth
+    assert (form is acceptance._choose_chain) == (parents == list(range(-1, n - 1)))
+    got = jax.jit(jax.vmap(lambda a: acceptance._choose_path(static, a.astype(jnp.float32), jnp.full((n,), 0.5))))(acc)
+    ref = jax.jit(lambda par: jax.vmap(lambda a: acceptance._choose_by_masks(acceptance._structure(par), a))(acc))(
+        jnp.asarray(parents, jnp.int32))
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
+    # the cases exercise every path length from 0 to the depth of the tree
+    assert set(np.asarray(got[0]).tolist()) == set(range(int(np.asarray(static.depth).max()) + 1))
+
+
 def test_traced_parents_match_static():
     rng = np.random.default_rng(5)
     p, q = _rand_rows(rng, 7, 6), _rand_rows(rng, 7, 6)
