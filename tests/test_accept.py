@@ -139,11 +139,12 @@ def test_path_choice_literal():
 
 
 @pytest.mark.parametrize("parents", [[-1, 0, 1, 2, 3, 4, 5, 6], TREE, [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7],
-                                     [-1] * 6, [-1, 0, 0, 1, 1, 2, 2, 3, 3]])
+                                     [-1] * 6, [-1, 0, 0, 1, 1, 2, 2, 3, 3], [-1, 0, 1, -1, 3, 0, 4]])
 def test_path_choice_forms_agree(parents):
     """The path choice by first failed test (static chain), depth by depth (other static
     trees) and by [N, N] masks (traced trees) are one function: 20,000 random test
-    outcomes, including the all-pass and all-fail corners, give the same path all ways."""
+    outcomes, including the all-pass and all-fail corners, give the same path all ways
+    (the last tree is numbered depth-first: a depth's rows are not a contiguous range)."""
     from jaxspec import acceptance
 
     n = len(parents)
