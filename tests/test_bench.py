@@ -47,7 +47,11 @@ def test_decode_tiny(tmp_path):
     assert 1.0 <= row["tau"] <= 5.0 and row["parents"] == [-1, 0, 1, 2]
     h = on_disk["headline"]
     assert h["decode_speedup"] == pytest.approx(row["speedup"]) and h["tau"] == pytest.approx(row["tau"])
-    assert "chain:4" in benchmark_module("decode").table(report)
+    # the speedup is a ratio of medians over turns, so it lies within the per-turn range
+    lo, hi = row["speedup_turn_range"]
+    assert 0 < lo <= row["speedup"] * (1 + 1e-9) and row["speedup"] <= hi * (1 + 1e-9)
+    tab = benchmark_module("decode").table(report)
+    assert "chain:4" in tab and f"[{lo:.2f}–{hi:.2f}]" in tab
 
 
 def test_decode_optimized_tree_matches_budget_and_beats_its_static_tree():
@@ -160,6 +164,14 @@ def test_time_calls_takes_turns():
     turns = common.time_calls_turns({"a": (traced("a"), (jnp.ones(2),))}, repeats=4, min_time=0.0)
     assert list(turns) == ["a"] and len(turns["a"]) == 4 and all(t > 0 for t in turns["a"])
     assert common.time_call(traced("c"), jnp.ones(1), repeats=2, min_time=0.0) > 0
+    # interleaved: fn(i) with i = -1 (warm-up), then 0, 1, 2 in turns; medians of the turns
+    seen = []
+    fns = {"x": lambda i: seen.append(("x", i)) or jnp.ones(1), "y": lambda i: seen.append(("y", i)) or jnp.ones(1)}
+    per_turn, outs = common.interleaved_turns(fns, 3)
+    assert seen == [("x", -1), ("y", -1)] + [(k, i) for i in range(3) for k in ("x", "y")]
+    assert set(outs) == {"x", "y"} and all(len(v) == 3 and min(v) > 0 for v in per_turn.values())
+    med, _ = common.interleaved(fns, 5)
+    assert set(med) == {"x", "y"} and all(t > 0 for t in med.values())
     with pytest.raises(ValueError, match="repeats = 0"):
         common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)
 
@@ -204,6 +216,7 @@ def test_decode_every_tree_kind_batch_and_temperature(tmp_path):
     assert {(r["batch"], r["temperature"]) for r in report["results"]} == {(1, 0.0), (1, 1.0), (8, 0.0), (8, 1.0)}
     for r in report["results"]:
         assert _positive(r["speedup"]) and _positive(r["tau"])
+        assert r["speedup_turn_range"][0] <= r["speedup"] * (1 + 1e-9) <= r["speedup_turn_range"][1] * (1 + 2e-9)
         assert (r["model_tau"] is None) == (r["kind"] == "dynamic")
     assert len(report["prompt_lens"]["8"]) == 8
     assert len(set(report["prompt_lens"]["8"])) == 8  # of different lengths

@@ -36,6 +36,7 @@ __all__ = [
     "time_calls",
     "time_calls_turns",
     "interleaved",
+    "interleaved_turns",
     "machine_info",
     "default_out_dir",
     "write_report",
@@ -105,6 +106,14 @@ def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
 
     Returns ``({name: median seconds}, {name: output of the last timed call})``.
     """
+    turns, outs = interleaved_turns(fns, repeats)
+    return {k: statistics.median(v) for k, v in turns.items()}, outs
+
+
+def interleaved_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
+    """:func:`interleaved` without the median: ``({name: [wall seconds of fn(0), fn(1),
+    ...]}, {name: output of the last timed call})``, so that ratios can be taken turn by
+    turn (the functions of one turn run seconds apart)."""
     if repeats < 1:
         raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
     for f in fns.values():
@@ -116,7 +125,7 @@ def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
             t0 = time.perf_counter()
             outs[k] = jax.block_until_ready(f(i))
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}, outs
+    return times, outs
 
 
 def _cpu_model() -> str:

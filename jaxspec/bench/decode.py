@@ -7,7 +7,8 @@ models in the same run:
 * tokens/s of :func:`jaxspec.generate` and of :func:`jaxspec.generate_autoregressive`
   (median of timed calls after a warm-up compile, ``block_until_ready``; the two, and the
   cost measurements below, take turns so that a changing machine load hits all alike),
-  and the speedup (speculative / target-only tokens/s);
+  and the speedup (speculative / target-only tokens/s), with the lowest and highest
+  speedup of a single turn (``speedup_turn_range``: how much it moved within the run);
 * tau (tokens per target call) and the acceptance rate per depth;
 * the measured costs of one target decode step, one draft step and one tree verification
   (each a jitted ``fori_loop`` of forwards divided by its length, so dispatch is not
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +81,8 @@ OPTIMIZED = "optimized"
 
 ROW_FIELDS = (
     "batch", "temperature", "tree", "kind", "scheme", "num_nodes", "depth", "parents", "tau", "model_tau",
-    "accept_rate_per_depth", "rounds", "tokens_per_s", "target_only_tokens_per_s", "speedup", "ideal_speedup",
+    "accept_rate_per_depth", "rounds", "tokens_per_s", "target_only_tokens_per_s", "speedup", "speedup_turn_range",
+    "ideal_speedup",
     "draft_forwards_per_round", "t_target_step_ms", "t_draft_step_ms", "t_verify_ms", "target_only_ms_per_token",
     "seconds_per_call", "overhead_ms_per_round",
 )
@@ -263,14 +266,15 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
                        "verify": _forward_loop(target, batch, n + 1, cap, mid, cfg.loops)}
-                sec, outs = common.interleaved(fns, cfg.repeats)
-                row = _row(batch, temp, label, kind, scheme, spec, forwards, sec, outs, cfg.loops,
+                turns, outs = common.interleaved_turns(fns, cfg.repeats)
+                row = _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, cfg.loops,
                            acceptance.get(temp))
                 results.append(row)
                 common.log(
                     f"decode: B={batch} T={temp:g} {label:34s} {scheme:20s} tau {row['tau']:.3f}  "
                     f"{row['tokens_per_s']:8.1f} tok/s vs {row['target_only_tokens_per_s']:8.1f}  "
-                    f"speedup {row['speedup']:.2f}x (ideal {row['ideal_speedup']:.2f}x)  "
+                    f"speedup {row['speedup']:.2f}x (turns {row['speedup_turn_range'][0]:.2f}-"
+                    f"{row['speedup_turn_range'][1]:.2f}x; ideal {row['ideal_speedup']:.2f}x)  "
                     f"overhead {row['overhead_ms_per_round']:.3f} ms/round")
     mach = common.machine_info()
     report = {
@@ -295,12 +299,17 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
     return report
 
 
-def _row(batch, temp, label, kind, scheme, spec, forwards, sec, outs, loops, acc) -> dict:
+def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, acc) -> dict:
+    """One result row from the per-turn wall seconds of each timed function (``turns``)
+    and the outputs of their last calls. Every call emits the same token count (fixed
+    ``max_new_tokens``, no stop tokens), so a turn's speedup is the ratio of its times."""
+    sec = {k: statistics.median(v) for k, v in turns.items()}
     t_target_step, t_draft_step, t_verify = (sec[k] / loops for k in ("target_step", "draft_step", "verify"))
     s = outs["spec"].summary()
     ar_tokens = int(np.asarray(outs["ar"].lengths).sum())
     ar_tps = ar_tokens / sec["ar"]
     tps = s["tokens"] / sec["spec"]
+    per_turn = [(s["tokens"] / t_spec) / (ar_tokens / t_ar) for t_spec, t_ar in zip(turns["spec"], turns["ar"])]
     model_tau = None
     if acc is not None and isinstance(spec, StaticTree):
         from jaxspec.optimize import expected_accepted  # noqa: PLC0415
@@ -322,6 +331,9 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, sec, outs, loops, acc
         "tokens_per_s": tps,
         "target_only_tokens_per_s": ar_tps,
         "speedup": tps / ar_tps,
+        # lowest and highest speedup of a single turn (speculative and target-only timed
+        # seconds apart): how much the figure moved within the run
+        "speedup_turn_range": [min(per_turn), max(per_turn)],
         "ideal_speedup": s["tau"] * t_target_step / (forwards * t_draft_step + t_verify),
         "draft_forwards_per_round": forwards,
         "t_target_step_ms": t_target_step * 1e3,
@@ -349,7 +361,7 @@ def table(report: dict) -> str:
     temps = sorted({r["temperature"] for r in report["results"]})
     head = "| batch | tree |"
     for t in temps:
-        head += f" T={t:g} tau | T={t:g} tokens/s spec vs target-only | T={t:g} speedup (ideal) |"
+        head += f" T={t:g} tau | T={t:g} tokens/s spec vs target-only | T={t:g} speedup [turns] (ideal) |"
     lines = [head, "|---" * (2 + 3 * len(temps)) + "|"]
     keys = list(dict.fromkeys((r["batch"], r["tree"]) for r in report["results"]))
     for b, tree in keys:
@@ -359,9 +371,16 @@ def table(report: dict) -> str:
                      None)
             line += (" - | - | - |" if r is None else
                      f" {r['tau']:.2f} | {r['tokens_per_s']:.0f} vs {r['target_only_tokens_per_s']:.0f} |"
-                     f" {r['speedup']:.2f}× ({r['ideal_speedup']:.2f}×) |")
+                     f" {r['speedup']:.2f}× {_turns(r)}({r['ideal_speedup']:.2f}×) |")
         lines.append(line)
     return "\n".join(lines)
+
+
+def _turns(r: dict) -> str:
+    """``[lo–hi] `` of a row's per-turn speedups (empty for JSON written before they were
+    recorded)."""
+    lo_hi = r.get("speedup_turn_range")
+    return f"[{lo_hi[0]:.2f}–{lo_hi[1]:.2f}] " if lo_hi else ""
 
 
 def plot(report: dict, path) -> None:
@@ -374,7 +393,11 @@ def plot(report: dict, path) -> None:
     for ax, (batch, temp) in zip(axes.flat, panels):
         rows = [r for r in report["results"] if (r["batch"], r["temperature"]) == (batch, temp)]
         x = np.arange(len(rows))
-        ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured speedup")
+        ys = [r["speedup"] for r in rows]
+        lo_hi = [r.get("speedup_turn_range", (y, y)) for r, y in zip(rows, ys)]
+        err = [[max(y - lh[0], 0.0) for y, lh in zip(ys, lo_hi)], [max(lh[1] - y, 0.0) for y, lh in zip(ys, lo_hi)]]
+        ax.bar(x - 0.2, ys, 0.4, yerr=err, capsize=2, error_kw={"lw": 0.8},
+               label="measured speedup (whiskers: slowest-fastest turn)")
         ax.bar(x + 0.2, [r["ideal_speedup"] for r in rows], 0.4, label="ideal (from tau and costs)")
         for i, r in enumerate(rows):
             ax.text(i, max(r["speedup"], r["ideal_speedup"]) * 1.02, f"tau {r['tau']:.2f}", ha="center", fontsize=8)
