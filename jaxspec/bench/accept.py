@@ -19,7 +19,8 @@ accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
 fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
 fraction_of_read_floor}`` (rates and fractions from the medians over turns; a turn range
 is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32,
-batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as ticks.
+batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as
+ticks, and below it the fraction of the RNG floor with the 0.5 target line.
 
     report = run("tiny")
     report["headline"]["accept_rounds_per_s"] > 0    # True
@@ -212,16 +213,19 @@ def _rate(x: float) -> str:
 
 
 def plot(report: dict, path) -> None:
-    """Bars of rounds/s (log scale) per (case, tree) and scheme, whiskers from the slowest
-    to the fastest turn; the floors as ticks."""
+    """Two panels per (case, tree) and scheme. Top: rounds/s (log scale), whiskers from the
+    slowest to the fastest turn, the floors as ticks. Bottom: the fraction of the RNG floor
+    (whiskers: its lowest and highest single turn) with the 0.5 target line, and the read
+    floor's own fraction of the RNG floor as a tick (what an exact rule cannot beat)."""
     plt = common.pyplot()
     rows = report["rows"]
     groups = list(dict.fromkeys((r["N"], r["V"], r["batch"], r["tree"]) for r in rows))
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     width = 0.8 / len(schemes)
-    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4.5))
+    fig, (ax, axf) = plt.subplots(2, 1, figsize=(max(6, 2.2 * len(groups)), 7.5), sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 2]})
     for j, s in enumerate(schemes):
-        xs, ys, lo, hi = [], [], [], []
+        xs, ys, lo, hi, fs, flo, fhi = [], [], [], [], [], [], []
         for i, g in enumerate(groups):
             for r in rows:
                 if (r["N"], r["V"], r["batch"], r["tree"]) == g and r["scheme"] == s:
@@ -231,7 +235,13 @@ def plot(report: dict, path) -> None:
                     a, b = r.get("accept_rounds_per_s_turn_range", (y, y))
                     lo.append(max(y - a, 0.0))
                     hi.append(max(b - y, 0.0))
+                    f = r["fraction_of_floor"]
+                    fs.append(f)
+                    fa, fb = r.get("fraction_of_floor_turn_range", (f, f))
+                    flo.append(max(f - fa, 0.0))
+                    fhi.append(max(fb - f, 0.0))
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, error_kw={"lw": 0.8}, label=s)
+        axf.bar(xs, fs, width, yerr=[flo, fhi], capsize=2, error_kw={"lw": 0.8}, label=s)
     for i, g in enumerate(groups):
         first = next(r for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
         ax.hlines(first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45, color="k", lw=2,
@@ -239,13 +249,19 @@ def plot(report: dict, path) -> None:
         if "read_floor_rounds_per_s" in first:
             ax.hlines(first["read_floor_rounds_per_s"], i - 0.45, i + 0.45, color="0.5", lw=2, ls="--",
                       label="read floor (RNG + one V-wide row)" if i == 0 else None)
+            axf.hlines(first["read_floor_rounds_per_s"] / first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45,
+                       color="0.5", lw=2, ls="--", label="read floor / RNG floor" if i == 0 else None)
+    axf.axhline(0.5, color="r", lw=1, ls=":", label="0.5 of the RNG floor (target)")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(groups)), [f"N={n} V={v}\nB={b} {t}" for n, v, b, t in groups], fontsize=7)
+    axf.set_xticks(range(len(groups)), [f"N={n} V={v}\nB={b} {t}" for n, v, b, t in groups], fontsize=7)
     ax.set_ylabel("tree-rounds / s")
+    axf.set_ylabel("fraction of the RNG floor")
+    axf.set_ylim(0, max(1.1, max((r.get("fraction_of_floor_turn_range", [0, 0])[1] for r in rows), default=0) * 1.05))
     m = report["machine"]
     ax.set_title(f"vmapped acceptance vs floors ({m['backend']}, {m['cpu_count']} cores, {report['size']})",
                  fontsize=9)
     ax.legend(fontsize=8)
+    axf.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
