@@ -666,12 +666,15 @@ def _depth_levels(st):
             for rows_d in (np.flatnonzero(row_depth == d) for d in range(int(row_depth.max())))]
 
 
+def _at_current(a, rows_d, cur):
+    """``a[cur]`` along the leading (row) axis, ``cur`` the walk's current row (one of
+    ``rows_d``): a static index when depth d has a single row (always so at the root)."""
+    return a[int(rows_d[0])] if rows_d.size == 1 else a[cur]
+
+
 def _children_at(st, rows_d, k_d, cur):
-    """int32[K_d]: the children of row ``cur`` (one of ``rows_d``), -1 padded; a constant
-    when depth d has a single row (always so at the root)."""
-    if rows_d.size == 1:
-        return jnp.asarray(st.children[int(rows_d[0]), :k_d])
-    return jnp.asarray(st.children[:, :k_d])[cur]
+    """int32[K_d]: the children of row ``cur`` (one of ``rows_d``), -1 padded."""
+    return _at_current(jnp.asarray(st.children[:, :k_d]), rows_d, cur)
 
 
 def _follow(kid, passed, alive):
@@ -713,8 +716,7 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     path, stops = [], []
     for rows_d, k_d in _depth_levels(st):
         kid = _children_at(st, rows_d, k_d, cur)  # [K_d]
-        # the current row's p and q: static slices when depth d has one row
-        p, q = (P[int(rows_d[0])], Q[int(rows_d[0])]) if rows_d.size == 1 else (P[cur], Q[cur])
+        p, q = _at_current(P, rows_d, cur), _at_current(Q, rows_d, cur)  # [V] each
         x = jnp.where(kid >= 0, tokens[jnp.maximum(kid, 0)], -1)
         per_rank, _, fin_entry, cont_entry, c_final = _rank_walk(x[None], p[None], q[None], track)
         a = jnp.concatenate(per_rank)  # [K_d]

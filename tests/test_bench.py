@@ -172,6 +172,9 @@ def test_time_calls_takes_turns():
     assert set(outs) == {"x", "y"} and all(len(v) == 3 and min(v) > 0 for v in per_turn.values())
     med, _ = common.interleaved(fns, 5)
     assert set(med) == {"x", "y"} and all(t > 0 for t in med.values())
+    assert common.medians({"a": [3.0, 1.0, 2.0]}) == {"a": 2.0}
+    assert common.turn_range([1.0, 4.0, 3.0], [2.0, 2.0, 1.0]) == [0.5, 3.0]
+    assert common.whiskers([2.0, 5.0], [[1.5, 3.0], None]) == [[0.5, 0.0], [1.0, 0.0]]
     with pytest.raises(ValueError, match="repeats = 0"):
         common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)
 

@@ -29,7 +29,6 @@ ticks, and below it the fraction of the RNG floor with the 0.5 target line.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -142,26 +141,26 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
         common.log(f"accept: N={n} V={v} B={batch}: compiling {len(calls) - 2} rules, timing "
                    f"{cfg.repeats} turns of {cfg.min_time:g} s each ...")
         turns = common.time_calls_turns(calls, repeats=cfg.repeats, min_time=cfg.min_time)
-        times = {k: statistics.median(ts) for k, ts in turns.items()}
+        times = common.medians(turns)
         t_floor, t_read = times.pop("floor"), times.pop("read")
         for (tree_name, scheme), t in times.items():
             # the same fraction turn by turn (rule and floor timed seconds apart): how much
             # it moves within the run
             rule_turns = turns[(tree_name, scheme)]
-            per_turn = [f / a for f, a in zip(turns["floor"], rule_turns)]
+            frac_lo, frac_hi = common.turn_range(turns["floor"], rule_turns)
             rows.append({
                 "N": n, "V": v, "batch": batch, "tree": tree_name, "scheme": scheme,
                 "accept_rounds_per_s": batch / t,
                 "accept_rounds_per_s_turn_range": [batch / max(rule_turns), batch / min(rule_turns)],
                 "rng_floor_rounds_per_s": batch / t_floor,
                 "fraction_of_floor": t_floor / t,
-                "fraction_of_floor_turn_range": [min(per_turn), max(per_turn)],
+                "fraction_of_floor_turn_range": [frac_lo, frac_hi],
                 "read_floor_rounds_per_s": batch / t_read,
                 "fraction_of_read_floor": t_read / t,
             })
             common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
                        f"{batch / t:14,.0f} rounds/s   {t_floor / t:6.3f} of RNG floor "
-                       f"({batch / t_floor:,.0f}/s; turns {min(per_turn):.2f}-{max(per_turn):.2f})   "
+                       f"({batch / t_floor:,.0f}/s; turns {frac_lo:.2f}-{frac_hi:.2f})   "
                        f"{t_read / t:6.3f} of read floor ({batch / t_read:,.0f}/s)")
     report = {
         "benchmark": NAME,
@@ -225,23 +224,16 @@ def plot(report: dict, path) -> None:
     fig, (ax, axf) = plt.subplots(2, 1, figsize=(max(6, 2.2 * len(groups)), 7.5), sharex=True,
                                   gridspec_kw={"height_ratios": [3, 2]})
     for j, s in enumerate(schemes):
-        xs, ys, lo, hi, fs, flo, fhi = [], [], [], [], [], [], []
+        xs, sel = [], []
         for i, g in enumerate(groups):
             for r in rows:
                 if (r["N"], r["V"], r["batch"], r["tree"]) == g and r["scheme"] == s:
                     xs.append(i - 0.4 + width * (j + 0.5))
-                    y = r["accept_rounds_per_s"]
-                    ys.append(y)
-                    a, b = r.get("accept_rounds_per_s_turn_range", (y, y))
-                    lo.append(max(y - a, 0.0))
-                    hi.append(max(b - y, 0.0))
-                    f = r["fraction_of_floor"]
-                    fs.append(f)
-                    fa, fb = r.get("fraction_of_floor_turn_range", (f, f))
-                    flo.append(max(f - fa, 0.0))
-                    fhi.append(max(fb - f, 0.0))
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, error_kw={"lw": 0.8}, label=s)
-        axf.bar(xs, fs, width, yerr=[flo, fhi], capsize=2, error_kw={"lw": 0.8}, label=s)
+                    sel.append(r)
+        for axis, key in ((ax, "accept_rounds_per_s"), (axf, "fraction_of_floor")):
+            ys = [r[key] for r in sel]
+            err = common.whiskers(ys, [r.get(f"{key}_turn_range") for r in sel])
+            axis.bar(xs, ys, width, yerr=err, capsize=2, error_kw={"lw": 0.8}, label=s)
     for i, g in enumerate(groups):
         first = next(r for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
         ax.hlines(first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45, color="k", lw=2,

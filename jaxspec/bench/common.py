@@ -37,6 +37,9 @@ __all__ = [
     "time_calls_turns",
     "interleaved",
     "interleaved_turns",
+    "medians",
+    "turn_range",
+    "whiskers",
     "machine_info",
     "default_out_dir",
     "write_report",
@@ -75,8 +78,7 @@ def time_calls(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.
     ``(fn, args)``; after one warm-up call each, every repeat times each function in turn
     (back-to-back calls for ``min_time`` seconds), so a changing machine load hits all of
     them alike. Returns ``{name: median seconds per call}``."""
-    turns = time_calls_turns(calls, repeats=repeats, min_time=min_time)
-    return {k: statistics.median(v) for k, v in turns.items()}
+    return medians(time_calls_turns(calls, repeats=repeats, min_time=min_time))
 
 
 def time_calls_turns(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.2) -> dict[str, list[float]]:
@@ -107,7 +109,7 @@ def interleaved(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
     Returns ``({name: median seconds}, {name: output of the last timed call})``.
     """
     turns, outs = interleaved_turns(fns, repeats)
-    return {k: statistics.median(v) for k, v in turns.items()}, outs
+    return medians(turns), outs
 
 
 def interleaved_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict]:
@@ -126,6 +128,26 @@ def interleaved_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, 
             outs[k] = jax.block_until_ready(f(i))
             times[k].append(time.perf_counter() - t0)
     return times, outs
+
+
+def medians(turns: Mapping[str, list[float]]) -> dict[str, float]:
+    """``{name: median}`` of per-turn timings (:func:`time_calls_turns`, :func:`interleaved_turns`)."""
+    return {k: statistics.median(v) for k, v in turns.items()}
+
+
+def turn_range(numerators: list[float], denominators: list[float]) -> list[float]:
+    """``[lowest, highest]`` of the turn-by-turn ratios ``numerators[i] / denominators[i]``:
+    how far a ratio of medians (a fraction of a floor, a speedup) moved within a run."""
+    ratios = [a / b for a, b in zip(numerators, denominators, strict=True)]
+    return [min(ratios), max(ratios)]
+
+
+def whiskers(values: list[float], ranges: list) -> list[list[float]]:
+    """``yerr`` for matplotlib's ``bar``: the distances from each value down and up to its
+    ``[lowest, highest]`` range (``None`` for a range not recorded: no whisker)."""
+    spans = [r if r is not None else (v, v) for v, r in zip(values, ranges, strict=True)]
+    return [[max(v - lo, 0.0) for v, (lo, _) in zip(values, spans)],
+            [max(hi - v, 0.0) for v, (_, hi) in zip(values, spans)]]
 
 
 def _cpu_model() -> str:

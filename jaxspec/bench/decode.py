@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -301,15 +300,15 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
 
 def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, acc) -> dict:
     """One result row from the per-turn wall seconds of each timed function (``turns``)
-    and the outputs of their last calls. Every call emits the same token count (fixed
-    ``max_new_tokens``, no stop tokens), so a turn's speedup is the ratio of its times."""
-    sec = {k: statistics.median(v) for k, v in turns.items()}
+    and the outputs of their last calls. A turn's speedup is the ratio of its two times
+    scaled by the token counts of the last calls (every call emits the same count here:
+    fixed ``max_new_tokens``, no stop tokens)."""
+    sec = common.medians(turns)
     t_target_step, t_draft_step, t_verify = (sec[k] / loops for k in ("target_step", "draft_step", "verify"))
     s = outs["spec"].summary()
     ar_tokens = int(np.asarray(outs["ar"].lengths).sum())
     ar_tps = ar_tokens / sec["ar"]
     tps = s["tokens"] / sec["spec"]
-    per_turn = [(s["tokens"] / t_spec) / (ar_tokens / t_ar) for t_spec, t_ar in zip(turns["spec"], turns["ar"])]
     model_tau = None
     if acc is not None and isinstance(spec, StaticTree):
         from jaxspec.optimize import expected_accepted  # noqa: PLC0415
@@ -333,7 +332,7 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, a
         "speedup": tps / ar_tps,
         # lowest and highest speedup of a single turn (speculative and target-only timed
         # seconds apart): how much the figure moved within the run
-        "speedup_turn_range": [min(per_turn), max(per_turn)],
+        "speedup_turn_range": [x * s["tokens"] / ar_tokens for x in common.turn_range(turns["ar"], turns["spec"])],
         "ideal_speedup": s["tau"] * t_target_step / (forwards * t_draft_step + t_verify),
         "draft_forwards_per_round": forwards,
         "t_target_step_ms": t_target_step * 1e3,
@@ -394,8 +393,7 @@ def plot(report: dict, path) -> None:
         rows = [r for r in report["results"] if (r["batch"], r["temperature"]) == (batch, temp)]
         x = np.arange(len(rows))
         ys = [r["speedup"] for r in rows]
-        lo_hi = [r.get("speedup_turn_range", (y, y)) for r, y in zip(rows, ys)]
-        err = [[max(y - lh[0], 0.0) for y, lh in zip(ys, lo_hi)], [max(lh[1] - y, 0.0) for y, lh in zip(ys, lo_hi)]]
+        err = common.whiskers(ys, [r.get("speedup_turn_range") for r in rows])
         ax.bar(x - 0.2, ys, 0.4, yerr=err, capsize=2, error_kw={"lw": 0.8},
                label="measured speedup (whiskers: slowest-fastest turn)")
         ax.bar(x + 0.2, [r["ideal_speedup"] for r in rows], 0.4, label="ideal (from tau and costs)")
