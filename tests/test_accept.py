@@ -360,9 +360,13 @@ def test_closed_form_matches_literal_rule(scheme, v):
     """accept_probabilities (closed-form residuals, no residual vectors) == the rule read
     literally in float64 (tests/_reference.py), for static and traced trees, including
     draft rows whose support the siblings exhaust (without replacement: the later
-    siblings become point masses) and repeated tokens (iid, deterministic)."""
+    siblings become point masses) and repeated tokens (iid, deterministic). The last
+    tree is numbered depth-first (siblings 0 and 3 of the root, 1 and 5 of node 0 are not
+    adjacent): the static deterministic form then gathers each node's earlier siblings
+    instead of shifting."""
     rng = np.random.default_rng(v)
-    trees = [[-1, 0, 1, 2], TREE, [-1, -1, -1, 0, 0, 0, 3, 3, 6], list(jaxspec.branching((3, 2)))]
+    trees = [[-1, 0, 1, 2], TREE, [-1, -1, -1, 0, 0, 0, 3, 3, 6], list(jaxspec.branching((3, 2))),
+             [-1, 0, 1, -1, 3, 0, 4, 0]]
     traced = jax.jit(lambda pa, t, pp, qq: accept_probabilities(pa, t, pp, qq, scheme=scheme))
     for parents in trees:
         n = len(parents)
