@@ -269,8 +269,21 @@ def _block_size(v: int) -> int:
 
 
 def _inverse_cdf(u, probs):
-    """int32[...]: inverse-CDF draw with uniforms ``u`` [...] from ``probs`` [..., V]
-    (unnormalized is fine: the target is ``u * total``).
+    """int32[...]: inverse-CDF draw with uniforms ``u`` from ``probs`` [..., V]
+    (unnormalized is fine: the target is ``u * total``). ``u``'s shape broadcasts
+    against ``probs.shape[:-1]`` (e.g. ``n`` uniforms for one shared row: :func:`draw_iid`);
+    the result has the broadcast shape, and a row shared by several uniforms is summed
+    once (``jnp.vectorize`` batches only the axes an argument has).
+    """
+    u = jnp.asarray(u, jnp.float32)
+    if u.shape != jnp.shape(probs)[:-1]:
+        return jnp.vectorize(_inverse_cdf_rows, signature="(),(v)->()")(u, probs)
+    return _inverse_cdf_rows(u, probs)
+
+
+def _inverse_cdf_rows(u, probs):
+    """:func:`_inverse_cdf` for ``u`` [...] and ``probs`` [..., V] with the same leading
+    shape.
 
     Semantics of ``searchsorted(cdf, u * total, side='right')``: the first cell whose
     cumulative mass exceeds the target; never a zero-probability cell (see

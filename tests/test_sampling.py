@@ -303,6 +303,50 @@ def test_draw_jit_vmap_and_laws_match_sibling_laws(scheme):
     assert np.all(np.asarray(probs)[np.asarray(bt)] > 0)
 
 
+@pytest.mark.parametrize("scheme", sampling.SCHEMES)
+@pytest.mark.parametrize("v", [65, 264, 32000])
+def test_draws_beyond_one_level_vocab(scheme, v):
+    """Draws on vocabularies past the one-level inverse CDF (V > 64: the default models'
+    264, a Llama-sized 32000), jitted and vmapped over keys with the row shared: tokens in
+    the row's support, laws = :func:`sibling_laws`; iid tokens are the float64
+    ``searchsorted`` of the same uniforms (n uniforms against one row)."""
+    rng = np.random.default_rng(v)
+    row = rng.dirichlet(np.full(v, 0.3)).astype(np.float32)
+    row[rng.random(v) < 0.5] = 0.0  # sparse: a zero cell must never be drawn
+    row /= row.sum()
+    probs = jnp.asarray(row)
+    keys = jax.random.split(jax.random.key(v), 16)
+    tokens, laws = jax.jit(jax.vmap(lambda k: draw(k, probs, 4, scheme)))(keys)
+    t = np.asarray(tokens)
+    assert t.shape == (16, 4) and laws.shape == (16, 4, v)
+    assert (row[t] > 0).all()
+    # jitted vs eager renormalization: float32 rounding apart
+    np.testing.assert_allclose(laws[3], sibling_laws(probs, tokens[3], scheme), rtol=1e-6, atol=1e-9)
+    if scheme == "iid":
+        u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (4,), jnp.float32))(keys))
+        cdf = np.cumsum(row.astype(np.float64))
+        target = u * cdf[-1]
+        want = np.searchsorted(cdf, target, side="right")
+        # a uniform within float32 rounding of a cell boundary may fall either side
+        near = np.abs(cdf[np.minimum(want, v - 1)] - target) < 1e-5
+        near |= np.abs(cdf[np.maximum(want - 1, 0)] - target) < 1e-5
+        assert ((t == want) | near).all() and (t == want).mean() > 0.9
+
+
+def test_iid_marginal_law_large_vocab():
+    """n = 3 i.i.d. siblings from one V = 264 row (two-level inverse CDF): each sibling's
+    marginal is the row (chi-square, cells with expected count < 5 pooled)."""
+    rng = np.random.default_rng(264)
+    p = rng.dirichlet(np.full(264, 0.5))
+    probs = jnp.asarray(p, jnp.float32)
+    keys = jax.random.split(jax.random.key(13), N_DRAWS)
+    tokens = np.asarray(jax.jit(jax.vmap(lambda k: draw_iid(k, probs, 3)[0]))(keys))
+    expected = np.asarray(probs, np.float64) / float(np.asarray(probs, np.float64).sum())
+    for k in range(3):
+        r = chisquare_gof(np.bincount(tokens[:, k], minlength=264), expected)
+        assert r.pvalue > P_MIN / 3, f"sibling {k}: {r}\n{r.table()}"
+
+
 @pytest.mark.parametrize("v", [37, 264, 1009, 32000])
 def test_inverse_cdf_matches_float64_searchsorted(v):
     """The one- and two-level inverse CDF (blocks of ~sqrt(V), a tail block when V has no
@@ -318,6 +362,8 @@ def test_inverse_cdf_matches_float64_searchsorted(v):
     rows[0, v - 1] = 2.0  # all mass in the last (tail) cell
     u = rng.random((64, 50)).astype(np.float32)
     got = np.asarray(jax.jit(jax.vmap(jax.vmap(sampling._inverse_cdf, in_axes=(0, None))))(u, rows))
+    # the same draws with the 50 uniforms of a row passed together against it (broadcast)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(sampling._inverse_cdf))(u, rows)), got)
     cdf = np.cumsum(rows.astype(np.float64), axis=1)
     want = np.stack([np.searchsorted(cdf[i], u[i] * cdf[i, -1], side="right") for i in range(64)])
     assert (rows[np.arange(64)[:, None], got] > 0).all()
