@@ -58,14 +58,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import _sum_last, sample_categorical
+from jaxspec.sampling import ROW_SUM_TOL, _sum_last, sample_categorical
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
 
 SCHEMES = ("iid", "without_replacement", "deterministic")
 
-#: tolerance for "rows sum to 1" when inputs are checked outside jit
-ROW_SUM_TOL = 1e-3
 
 
 class AcceptResult(NamedTuple):

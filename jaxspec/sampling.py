@@ -67,6 +67,36 @@ def _concrete_float(x):
         raise ValueError(f"expected a real scalar, got {x!r}") from e
 
 
+def _index(shape, flat: int) -> str:
+    """``[i]`` or ``[i, j, ...]`` for flat index ``flat`` into ``shape``."""
+    return "[" + ", ".join(str(int(i)) for i in np.unravel_index(flat, shape)) + "]"
+
+
+def _check_logits(logits):
+    """float32[..., V] logits; the shape always, the values when concrete.
+
+    A shape is static, so it is checked under ``jit`` too. Concrete values may be finite
+    or ``-inf`` (a masked token); NaN and ``+inf`` (including float32 overflow) have no
+    law and raise. Traced values pass unvalidated.
+    """
+    x = jnp.asarray(logits, jnp.float32)
+    if x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError(
+            f"logits: expected an array with a vocabulary axis [..., V], V >= 1, got shape {x.shape}"
+        )
+    if not _is_traced(x):
+        a = np.asarray(x)
+        bad = np.isnan(a) | (a == np.inf)
+        if bad.any():
+            i = int(np.flatnonzero(bad.ravel())[0])
+            orig = np.asarray(logits).ravel()[i] if not _is_traced(logits) else a.ravel()[i]
+            raise ValueError(
+                f"logits{_index(a.shape, i)} = {float(orig)!r}: expected a finite logit or -inf "
+                f"(a masked token) in float32"
+            )
+    return x
+
+
 def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
     """Check concrete warp arguments; traced ``temperature``/``top_p`` are skipped.
 
@@ -168,6 +198,8 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
     * ``top_p``: applied to the renormalized top-k law (:func:`top_p_mask`).
     * ``-inf`` logits get probability exactly 0. If every logit is ``-inf`` (no valid
       law) the result is a one-hot at index 0 instead of NaN.
+    * Concrete logits must be finite or ``-inf``: NaN or ``+inf`` raises ``ValueError``
+      (traced logits are not checked). ``logits`` needs a vocabulary axis (ndim >= 1).
 
     Example::
 
@@ -175,7 +207,7 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
         [0, 0, 3/7, 4/7]        # top-3 -> [0, 2/9, 3/9, 4/9] -> mass >= .5 needs 2 tokens
     """
     validate_warp_args(temperature, top_k, top_p)
-    x = jnp.asarray(logits, jnp.float32)  # [..., V]
+    x = _check_logits(logits)  # [..., V]
     v = x.shape[-1]
     greedy = jax.nn.one_hot(jnp.argmax(x, axis=-1), v, dtype=jnp.float32)  # [..., V]
     t_static = _concrete_float(temperature)
@@ -216,6 +248,10 @@ def _clean(probs):
 
 #: vocabularies up to this size get a one-level inverse CDF; larger ones two levels
 _ONE_LEVEL_MAX_V = 64
+
+#: tolerance for "rows sum to 1" when probability rows are checked outside jit (the draws
+#: here and :func:`jaxspec.speculative_accept`)
+ROW_SUM_TOL = 1e-3
 
 _HIGHEST = lax.Precision.HIGHEST  # exact f32 sums on every backend (no bf16 / TF32 passes)
 
@@ -338,6 +374,10 @@ def sample_categorical(key, probs):
 
 
 def _check_row(probs, n: int, *, distinct: bool):
+    """The draft row as float32[V]: shape and ``n`` always; when the row is concrete,
+    finite, nonnegative entries summing to 1 within :data:`ROW_SUM_TOL`
+    (the tolerance :func:`~jaxspec.acceptance.speculative_accept` checks its rows with).
+    Traced rows (drafting under ``jit``/``vmap``) pass unvalidated."""
     p = jnp.asarray(probs, jnp.float32)
     if p.ndim != 1:
         raise ValueError(f"probs: expected a 1-D draft row float32[V], got shape {p.shape}")
@@ -347,6 +387,20 @@ def _check_row(probs, n: int, *, distinct: bool):
         raise ValueError(
             f"n: expected at most V={p.shape[0]} distinct siblings for this scheme, got {n}"
         )
+    if not _is_traced(p):
+        a = np.asarray(p, np.float64)
+        bad = ~(np.isfinite(a) & (a >= 0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"probs[{i}] = {float(a[i])!r}: expected finite, nonnegative probabilities"
+            )
+        total = float(a.sum())
+        if abs(total - 1.0) > ROW_SUM_TOL:
+            raise ValueError(
+                f"probs sums to {total:.6g}; expected a draft row summing to 1 "
+                f"(tolerance {ROW_SUM_TOL})"
+            )
     return p
 
 
@@ -398,6 +452,7 @@ def draw_iid(key, probs, n: int):
     """``n`` i.i.d. draws from ``probs`` float32[V] -> (tokens int32[n], laws float32[n, V]).
 
     Every law equals ``probs``. One uniform per draw (:func:`sample_categorical`).
+    A concrete row is checked as in :func:`draw`.
     """
     p = _check_row(probs, n, distinct=False)
     u = jax.random.uniform(key, (n,), jnp.float32)
@@ -416,7 +471,8 @@ def draw_without_replacement(key, probs, n: int):
     ``m, m+1, ...`` (``m`` = support size) are the zero-probability tokens in increasing
     index order — deterministic, distinct from the earlier ones — and each law is a
     one-hot on the chosen token. (The acceptance rule then accepts such a sibling with
-    probability ``p(x)``: still lossless.) Requires ``n <= V``.
+    probability ``p(x)``: still lossless.) Requires ``n <= V``; a concrete row is checked
+    as in :func:`draw`.
     """
     p = _check_row(probs, n, distinct=True)
     v = p.shape[0]
@@ -439,7 +495,8 @@ def draw_without_replacement(key, probs, n: int):
 def draw_deterministic(probs, n: int):
     """Top-``n`` tokens of ``probs`` float32[V] (ties -> lowest index); laws one-hot.
 
-    Example: ``draw_deterministic([.1, .3, .3, .3], 2)`` -> tokens ``[1, 2]``.
+    Example: ``draw_deterministic([.1, .3, .3, .3], 2)`` -> tokens ``[1, 2]``. A concrete
+    row is checked as in :func:`draw`.
     """
     p = _check_row(probs, n, distinct=True)
     tokens = lax.top_k(_clean(p), n)[1].astype(jnp.int32)  # lower index first on ties
@@ -448,7 +505,11 @@ def draw_deterministic(probs, n: int):
 
 def draw(key, probs, n: int, scheme: str):
     """Dispatch to :func:`draw_iid`, :func:`draw_without_replacement` or
-    :func:`draw_deterministic` (which ignores ``key``). ``scheme`` must be static."""
+    :func:`draw_deterministic` (which ignores ``key``). ``scheme`` must be static.
+
+    A concrete ``probs`` row must be a law: finite, nonnegative, summing to 1 within
+    :data:`ROW_SUM_TOL` (else ``ValueError``); traced rows are not checked.
+    """
     _check_scheme(scheme)
     if scheme == "iid":
         return draw_iid(key, probs, n)

@@ -84,6 +84,38 @@ def _as_counts(counts, name: str) -> np.ndarray:
     return c.astype(np.float64)
 
 
+def _as_probs(probs, shape) -> np.ndarray:
+    """``probs`` as float64[K] of ``shape``: finite, nonnegative, summing to 1 (within
+    1e-4); renormalized to sum exactly to 1."""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.shape != shape:
+        raise ValueError(f"probs: expected shape {shape} (same as counts), got {p.shape}")
+    if np.any(~np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError(
+            f"probs: expected finite nonnegative probabilities with a positive sum, got {p!r}"
+        )
+    if abs(p.sum() - 1.0) > 1e-4:
+        raise ValueError(f"probs: expected probabilities summing to 1, got sum {p.sum():.6g}")
+    return p / p.sum()
+
+
+def _check_min_expected(x) -> float:
+    """A finite pooling threshold >= 0 (0: no cell is sparse, nothing is pooled)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (
+        math.isfinite(float(x)) and float(x) >= 0.0
+    ):
+        raise ValueError(
+            f"min_expected: expected a finite number >= 0 (0 disables pooling), got {x!r}"
+        )
+    return float(x)
+
+
+def _check_int(x, name: str, lo: int, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < lo:
+        raise ValueError(f"{name}: expected an int >= {lo} ({what}), got {x!r}")
+    return int(x)
+
+
 def _pool(crit: np.ndarray, min_expected: float) -> tuple[list[np.ndarray], np.ndarray]:
     """Group cell indices: dense cells alone, sparse ones (crit < min_expected) together.
 
@@ -126,22 +158,17 @@ def chisquare_gof(counts, probs, *, min_expected: float = 5.0) -> ChiSquareResul
     """χ² goodness of fit of ``counts`` int[K] to the law ``probs`` float[K].
 
     Cells with expected count ``n * probs < min_expected`` are pooled into one cell (grown
-    by the smallest dense cell if still too small); zero-probability cells without
+    by the smallest dense cell if still too small; ``min_expected = 0`` pools nothing, a
+    finite number >= 0 is required); zero-probability cells without
     observations are dropped; observations in a zero-probability cell give ``pvalue == 0.0``
     (a certain rejection, statistic ``inf``). ``dof = cells - 1``; one cell -> p = 1.
 
     Example (pooling): ``counts = [50, 30, 15, 3, 2]``, ``probs = [.5, .3, .15, .03, .02]``
     -> cells 3 and 4 (expected 3 and 2) form one cell of expected 5; dof = 3.
     """
+    min_expected = _check_min_expected(min_expected)
     c = _as_counts(counts, "counts")
-    p = np.asarray(probs, dtype=np.float64)
-    if p.shape != c.shape:
-        raise ValueError(f"probs: expected shape {c.shape} (same as counts), got {p.shape}")
-    if np.any(~np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
-        raise ValueError("probs: expected finite nonnegative probabilities with a positive sum")
-    if abs(p.sum() - 1.0) > 1e-4:
-        raise ValueError(f"probs: expected probabilities summing to 1, got sum {p.sum():.6g}")
-    p = p / p.sum()
+    p = _as_probs(probs, c.shape)
     n = int(c.sum())
     if n == 0:
         raise ValueError("counts: expected at least one observation, got all zeros")
@@ -181,6 +208,7 @@ def chisquare_two_sample(counts_a, counts_b, *, min_expected: float = 5.0) -> Ch
 
     Example: ``chisquare_two_sample([40, 60], [400, 600]).pvalue == 1.0``.
     """
+    min_expected = _check_min_expected(min_expected)
     a = _as_counts(counts_a, "counts_a")
     b = _as_counts(counts_b, "counts_b")
     if a.shape != b.shape:
@@ -214,11 +242,10 @@ def chisquare_two_sample(counts_a, counts_b, *, min_expected: float = 5.0) -> Ch
 def total_variation(counts, probs) -> float:
     """TV between the empirical law of ``counts`` int[K] and ``probs`` float[K]:
     ``0.5 * sum |counts / n - probs|``. Example: ``total_variation([3, 1], [.5, .5]) == .25``.
+    ``probs`` is checked as in :func:`chisquare_gof` (finite, nonnegative, sums to 1).
     """
     c = _as_counts(counts, "counts")
-    p = np.asarray(probs, dtype=np.float64)
-    if p.shape != c.shape:
-        raise ValueError(f"probs: expected shape {c.shape} (same as counts), got {p.shape}")
+    p = _as_probs(probs, c.shape)
     n = c.sum()
     if n == 0:
         raise ValueError("counts: expected at least one observation, got all zeros")
@@ -254,10 +281,8 @@ def min_detectable_tv(n: int, k: int, *, alpha: float, power: float = 0.9) -> fl
     """
     _check_alpha(alpha, "alpha")
     _check_alpha(power, "power")
-    if n < 1:
-        raise ValueError(f"n: expected a sample size >= 1, got {n!r}")
-    if k < 2:
-        raise ValueError(f"k: expected at least 2 cells, got {k!r}")
+    n = _check_int(n, "n", 1, "the number of samples")
+    k = _check_int(k, "k", 2, "the number of cells")
     df = k - 1
     crit = stats.chi2.isf(alpha, df)
 
@@ -292,26 +317,32 @@ def table(observed, expected, *, labels=None, max_rows: int = 12) -> str:
     """Short observed-vs-expected listing, largest standardized residuals first.
 
     ``observed``, ``expected``: float[K] (or [R, K], e.g. the two rows of a two-sample
-    test, listed as ``cell/row``). Example::
+    test, listed as ``cell/row``); ``labels``: one per cell (K, default ``0..K-1``);
+    ``max_rows``: an int >= 0, the rest summarized as ``... m more cells``. Example::
 
         >>> print(table([12, 8], [10, 10]))
         cell    observed      expected  (o-e)/sqrt(e)
            0          12         10.00          +0.63
            1           8         10.00          -0.63
     """
+    max_rows = _check_int(max_rows, "max_rows", 0, "cells listed")
     o = np.atleast_2d(np.asarray(observed, dtype=np.float64))
     e = np.atleast_2d(np.asarray(expected, dtype=np.float64))
+    if o.ndim != 2:
+        raise ValueError(f"observed: expected float[K] or [R, K], got shape {o.shape}")
     if o.shape != e.shape:
         raise ValueError(f"expected: expected shape {o.shape} (same as observed), got {e.shape}")
     rows, k = o.shape
     base = list(labels) if labels is not None else [str(i) for i in range(k)]
+    if len(base) != k:
+        raise ValueError(f"labels: expected {k} labels (one per cell), got {len(base)}: {labels!r}")
     names, obs, exp = [], o.ravel(), e.ravel()
     for r in range(rows):
         names += [b if rows == 1 else f"{b}/{'ab'[r] if rows == 2 else r}" for b in base]
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(exp > 0, (obs - exp) / np.sqrt(exp), np.where(obs > 0, np.inf, 0.0))
     order = np.argsort(-np.abs(z), kind="stable")
-    w = max(4, *(len(s) for s in names))
+    w = max([4, *(len(str(s)) for s in names)])
     lines = [f"{'cell':>{w}}  {'observed':>10}  {'expected':>12}  (o-e)/sqrt(e)"]
     for i in order[:max_rows]:
         lines.append(f"{names[i]:>{w}}  {obs[i]:>10.0f}  {exp[i]:>12.2f}  {z[i]:>+13.2f}")

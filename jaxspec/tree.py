@@ -122,12 +122,36 @@ def tree_depths(parents) -> jax.Array:
     return jnp.sum(tree_mask(parents), axis=1, dtype=jnp.int32)
 
 
+def _check_committed_len(committed_len) -> None:
+    """Concrete ``committed_len``: integer counts >= 1 (integral floats allowed)."""
+    a = None if isinstance(committed_len, (bool, np.bool_, str)) else np.asarray(committed_len)
+    if a is None or a.dtype.kind not in "iuf":
+        bad_at, value = None, committed_len
+    else:
+        flat = a.ravel()
+        bad = ~(flat >= 1)  # also NaN
+        if a.dtype.kind == "f":
+            bad |= ~np.isfinite(flat) | (np.floor(flat) != flat)
+        if not bad.any():
+            return
+        bad_at = int(np.flatnonzero(bad)[0]) if a.ndim else None
+        value = flat[bad_at or 0].item()
+    where = "" if bad_at is None else f"[{bad_at}]"
+    raise ValueError(
+        f"committed_len{where} = {value!r}: expected the number of committed tokens, an "
+        "integer >= 1 (the root, the last committed token, sits at position committed_len - 1)"
+    )
+
+
 def tree_positions(parents, committed_len) -> jax.Array:
     """Position ids ``committed_len - 1 + depth`` (the root sits at ``committed_len - 1``).
 
-    ``committed_len`` may be a scalar or an array ``[B]``; the result is ``int32[N]`` or
-    ``int32[B, N]``.
+    ``committed_len`` (the number of committed tokens, root included) may be a scalar or
+    an array ``[B]``; the result is ``int32[N]`` or ``int32[B, N]``. Concrete values must
+    be integers >= 1 (``ValueError`` otherwise); traced values are not checked.
     """
+    if is_concrete(committed_len):
+        _check_committed_len(committed_len)
     depth = tree_depths(parents)
     committed_len = jnp.asarray(committed_len, jnp.int32)
     return committed_len[..., None] - 1 + depth
@@ -195,7 +219,13 @@ def branching(widths: Sequence[int]) -> np.ndarray:
     Nodes are numbered breadth first, siblings consecutive, so the result is
     topologically ordered. ``branching((3, 2, 1))`` has 3 + 6 + 6 = 15 nodes.
     """
-    widths = tuple(widths)
+    try:
+        widths = tuple(widths)
+    except TypeError:
+        raise ValueError(
+            f"branching: widths = {widths!r}; expected a sequence of integers >= 1 "
+            "(one width per level), e.g. (3, 2)"
+        ) from None
     if not widths:
         raise ValueError("branching: widths = (); expected at least one level")
     for lvl, w in enumerate(widths):

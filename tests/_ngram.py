@@ -112,13 +112,17 @@ def count_joint(chain_fn, key, *, num_samples: int, v: int, length: int, chunk: 
     @jax.jit
     def chunk_counts(k):
         ys = jax.vmap(chain_fn)(jax.random.split(k, chunk))  # [chunk, L]
-        return jnp.bincount(ys @ weights, length=cells)
+        bad = jnp.sum(jnp.any((ys < 0) | (ys >= v), axis=1))  # bincount would clip these
+        return jnp.bincount(ys @ weights, length=cells), bad
 
     counts = np.zeros(cells, np.int64)
     num_chunks = -(-num_samples // chunk)
     for i in range(num_chunks):
-        counts += np.asarray(chunk_counts(jax.random.fold_in(key, i)))
-    return counts, num_chunks * chunk
+        c, bad = chunk_counts(jax.random.fold_in(key, i))
+        if int(bad):
+            raise AssertionError(f"chunk {i}: {int(bad)} chains emitted a token outside [0, {v})")
+        counts += np.asarray(c)
+    return counts, int(counts.sum())
 
 
 def marginals(counts: np.ndarray, v: int, length: int) -> list[np.ndarray]:

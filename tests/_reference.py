@@ -73,10 +73,7 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
             qk = Q[row]
         elif scheme == "without_replacement":
             tot = q_rem.sum()
-            if bug == "unrenormalized-q":
-                qk = q_rem
-            else:
-                qk = jnp.where(tot > 0, q_rem / jnp.where(tot > 0, tot, 1.0), onehot)
+            qk = jnp.where(tot > 0, q_rem / jnp.where(tot > 0, tot, 1.0), onehot)
         else:
             qk = onehot
         px, qx = p[x], qk[x]
@@ -92,7 +89,10 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
         nxt_prob = prob_row(jnp.maximum(child, 0))  # ... the mutant reads the wrong row
         out_acc = out.at[n_acc].set(x)
         # reject: residual update, next sibling
-        res = jnp.maximum(p - qk, 0.0)
+        # the "unrenormalized-q" mutant: the ratio above uses the renormalized q_k, the
+        # residual the un-renormalized remainder of q (earlier siblings' tokens zeroed)
+        q_res = q_rem if bug == "unrenormalized-q" else qk
+        res = jnp.maximum(p - q_res, 0.0)
         s_res = res.sum()
         p_rej = jnp.where(s_res > 0, res / jnp.where(s_res > 0, s_res, 1.0), p)
         if bug == "no-residual-update":

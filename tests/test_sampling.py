@@ -4,6 +4,7 @@ Statistical tests use fixed seeds and a threshold fixed in advance: p > 1e-4 per
 """
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -371,3 +372,79 @@ def test_inverse_cdf_matches_float64_searchsorted(v):
     near |= np.abs(cdf[np.arange(64)[:, None], np.maximum(want - 1, 0)] - u * cdf[:, -1:]) < 1e-5 * cdf[:, -1:]
     assert ((got == want) | near).all()
     assert (got == want).mean() > 0.99
+
+
+# --------------------------------------------------------------------------- input values
+
+
+@pytest.mark.parametrize(
+    "logits, where",
+    [
+        ([0.0, np.inf, 1.0, 2.0], r"logits\[1\] = inf"),
+        ([0.0, 1.0, np.nan, 2.0], r"logits\[2\] = nan"),
+        ([[0.0, 1.0], [np.nan, -np.inf]], r"logits\[1, 0\] = nan"),
+    ],
+)
+def test_warp_rejects_nan_and_plus_inf_logits(logits, where):
+    # +inf used to give [0, nan, 0, 0]; NaN silently got probability 0
+    for f in (warp_probs, warp_logits):
+        with pytest.raises(ValueError, match=where + r": expected a finite logit or -inf"):
+            f(jnp.asarray(logits, jnp.float32))
+    with pytest.raises(ValueError, match=where):
+        warp_probs(np.asarray(logits), temperature=0.0)  # numpy input, greedy too
+
+
+def test_warp_masked_logits_and_traced_logits_still_work():
+    np.testing.assert_allclose(warp_probs(jnp.array([0.0, -jnp.inf, 0.0])), [0.5, 0.0, 0.5])
+    np.testing.assert_array_equal(warp_probs(jnp.array([-jnp.inf, 1.0]), temperature=0.0), [0, 1])
+    # traced logits pass unvalidated (no Python control flow on traced values)
+    out = jax.jit(warp_probs)(jnp.array([0.0, jnp.nan, 1.0]))
+    assert out.shape == (3,)
+
+
+@pytest.mark.parametrize("shape", [(), (3, 0)])
+def test_warp_needs_a_vocabulary_axis(shape):
+    with pytest.raises(ValueError, match=r"logits: expected .*vocabulary axis.*got shape " + re_shape(shape)):
+        warp_probs(jnp.zeros(shape))
+    with pytest.raises(ValueError, match=r"logits: expected .*vocabulary axis"):
+        jax.jit(warp_probs)(jnp.zeros(shape))  # a shape is static: checked under jit too
+
+
+def re_shape(shape):
+    return re.escape(str(tuple(shape)))
+
+
+BAD_ROWS = [
+    ([0.5, np.nan, 0.25, 0.25], r"probs\[1\] = nan: expected finite, nonnegative probabilities"),
+    ([0.5, -0.25, 0.5, 0.25], r"probs\[1\] = -0.25: expected finite, nonnegative probabilities"),
+    ([0.5, np.inf, 0.0, 0.0], r"probs\[1\] = inf: expected finite"),
+    ([1.0, 1.0, 1.0, 1.0], r"probs sums to 4; expected a draft row summing to 1 \(tolerance 0.001\)"),
+    ([0.0, 0.0, 0.0, 0.0], r"probs sums to 0; expected"),
+]
+
+
+@pytest.mark.parametrize("row, match", BAD_ROWS)
+@pytest.mark.parametrize("scheme", sampling.SCHEMES)
+def test_draws_reject_bad_concrete_rows(scheme, row, match):
+    with pytest.raises(ValueError, match=match):
+        draw(jax.random.key(0), jnp.asarray(row, jnp.float32), 2, scheme)
+    f = {"iid": lambda p: draw_iid(jax.random.key(0), p, 2),
+         "without_replacement": lambda p: draw_without_replacement(jax.random.key(0), p, 2),
+         "deterministic": lambda p: draw_deterministic(p, 2)}[scheme]
+    with pytest.raises(ValueError, match=match):
+        f(np.asarray(row))
+
+
+@pytest.mark.parametrize("scheme", sampling.SCHEMES)
+def test_draws_row_tolerance_and_traced_rows(scheme):
+    from jaxspec.acceptance import ROW_SUM_TOL as tol  # the tolerance speculative_accept uses
+
+    near = jnp.array([0.5, 0.25, 0.25 + tol / 2, 0.0])  # within tolerance: fine
+    draw(jax.random.key(0), near, 2, scheme)
+    with pytest.raises(ValueError, match="sums to"):
+        draw(jax.random.key(0), jnp.array([0.5, 0.25, 0.25 + 2 * tol, 0.0]), 2, scheme)
+    # traced rows (generation drafts under jit and vmap) are data: not validated
+    bad = jnp.array([[1.0, 1.0, 1.0, 1.0], [0.25, 0.25, 0.25, 0.25]])
+    keys = jax.random.split(jax.random.key(1), 2)
+    tokens, laws = jax.jit(jax.vmap(lambda k, p: draw(k, p, 2, scheme)))(keys, bad)
+    assert tokens.shape == (2, 2) and laws.shape == (2, 2, 4)

@@ -145,3 +145,82 @@ def test_input_validation_names_argument():
         chisquare_two_sample([1, 2], [0, 0])
     with pytest.raises(ValueError, match="alpha"):
         tv_upper_bound([1, 2], [0.5, 0.5], alpha=0.0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, "5", True, None])
+def test_min_expected_validated(bad):
+    # NaN used to pool nothing and keep nothing: a 'pass' with dof = -1, p = 1
+    with pytest.raises(ValueError, match=r"min_expected: expected a finite number >= 0") as e:
+        chisquare_gof([50, 50], [0.5, 0.5], min_expected=bad)
+    assert repr(bad) in str(e.value)
+    with pytest.raises(ValueError, match=r"min_expected: "):
+        chisquare_two_sample([50, 50], [40, 60], min_expected=bad)
+
+
+def test_min_expected_zero_disables_pooling():
+    counts, probs = [50, 30, 15, 3, 2], [0.5, 0.3, 0.15, 0.03, 0.02]
+    r = chisquare_gof(counts, probs, min_expected=0)
+    assert r.pooled_cells == () and r.dof == 4
+    expected = scipy.stats.chisquare(counts, 100 * np.asarray(probs))
+    assert math.isclose(r.pvalue, expected.pvalue, rel_tol=1e-9)
+    r = chisquare_two_sample([100, 90, 3, 3], [100, 90, 3, 3], min_expected=0.0)
+    assert r.pooled_cells == () and r.dof == 3
+
+
+@pytest.mark.parametrize(
+    "probs, match",
+    [
+        ([0.5, 1.0, 1.5, 2.0], r"probs: expected probabilities summing to 1, got sum 5"),
+        ([float("nan"), 0.2, 0.3, 0.4], r"probs: expected finite nonnegative"),
+        ([-0.1, 0.3, 0.4, 0.4], r"probs: expected finite nonnegative"),
+        ([0.25, 0.25, 0.5], r"probs: expected shape \(4,\)"),
+    ],
+)
+def test_total_variation_validates_probs(probs, match):
+    c = [10, 20, 30, 40]
+    with pytest.raises(ValueError, match=match):
+        total_variation(c, probs)
+    with pytest.raises(ValueError, match=match):
+        tv_upper_bound(c, probs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"n": 2.5}, "n"),
+        ({"n": float("nan")}, "n"),
+        ({"n": True}, "n"),
+        ({"n": 0}, "n"),
+        ({"k": 4.5}, "k"),
+        ({"k": 1}, "k"),
+    ],
+)
+def test_min_detectable_tv_validates_counts(kwargs, name):
+    args = {"n": 1000, "k": 4, **kwargs}
+    with pytest.raises(ValueError, match=rf"^{name}: expected an int") as e:
+        min_detectable_tv(args["n"], args["k"], alpha=0.01)
+    assert repr(kwargs[name]) in str(e.value)
+    # numpy integers are sample counts too
+    assert min_detectable_tv(np.int64(1000), np.int32(4), alpha=0.01) == min_detectable_tv(1000, 4, alpha=0.01)
+
+
+def test_table_validates_labels_and_max_rows():
+    o, e = [12, 8, 10, 9], [10, 10, 10, 10]
+    with pytest.raises(ValueError, match=r"labels: expected 4 labels \(one per cell\), got 1"):
+        table(o, e, labels=["a"])
+    with pytest.raises(ValueError, match=r"labels: expected 2 labels"):
+        table([[1, 2], [3, 4]], [[2, 2], [3, 3]], labels=["a", "b", "c", "d"])
+    for bad in (-1, 2.5, True, None):
+        with pytest.raises(ValueError, match=r"max_rows: expected an int >= 0") as err:
+            table(o, e, max_rows=bad)
+        assert repr(bad) in str(err.value)
+    with pytest.raises(ValueError, match=r"max_rows: "):
+        ChiSquareResult(1.0, 1, 0.3, 10, observed=np.array([5.0, 5.0]),
+                        expected=np.array([5.0, 5.0])).table(max_rows=-1)
+    with pytest.raises(ValueError, match=r"observed: expected .*\[K\] or \[R, K\]"):
+        table(np.ones((2, 2, 2)), np.ones((2, 2, 2)))
+    # the valid forms still work: labels per cell, max_rows = 0 lists only the summary
+    lines = table(o, e, labels="abcd", max_rows=2).splitlines()
+    assert [s.split()[0] for s in lines[1:3]] == ["a", "b"] and lines[-1] == "... 2 more cells"
+    assert table(o, e, max_rows=0).splitlines()[1:] == ["... 4 more cells"]
+    assert len(table([], []).splitlines()) == 1  # header only (was a TypeError)

@@ -124,3 +124,37 @@ def test_traced_input_is_not_validated():
     # Documented: traced parents are data; the function still runs (no Python check).
     out = jax.jit(jaxspec.tree_depths)(jnp.array([-1, 0, 1], jnp.int32))
     np.testing.assert_array_equal(out, [1, 2, 3])
+
+
+@pytest.mark.parametrize("bad", [2, None, 2.5, np.array(3)])
+def test_branching_needs_a_sequence(bad):
+    # branching(2) used to raise TypeError: 'int' object is not iterable
+    with pytest.raises(ValueError, match=r"branching: widths = .*; expected a sequence of integers >= 1"):
+        jaxspec.branching(bad)
+    np.testing.assert_array_equal(jaxspec.branching(np.array([2, 1])), [-1, -1, 0, 1])
+    np.testing.assert_array_equal(jaxspec.branching(w for w in (2, 1)), [-1, -1, 0, 1])
+
+
+@pytest.mark.parametrize(
+    "committed_len, match",
+    [
+        (-5, r"committed_len = -5"),
+        (0, r"committed_len = 0"),
+        (2.5, r"committed_len = 2.5"),
+        (True, r"committed_len = True"),
+        (np.array([3, 0]), r"committed_len\[1\] = 0"),
+        (jnp.array([3.0, 4.5]), r"committed_len\[1\] = 4.5"),
+        ("7", r"committed_len = '7'"),
+    ],
+)
+def test_positions_validate_committed_len(committed_len, match):
+    with pytest.raises(ValueError, match=match + r": expected .*integer >= 1"):
+        jaxspec.tree_positions([-1, 0], committed_len)
+
+
+def test_positions_committed_len_forms():
+    # integral floats and numpy ints are counts; a traced length is data (not validated)
+    np.testing.assert_array_equal(jaxspec.tree_positions([-1, 0], 3.0), [3, 4])
+    np.testing.assert_array_equal(jaxspec.tree_positions([-1, 0], np.int64(1)), [1, 2])
+    out = jax.jit(jaxspec.tree_positions, static_argnums=0)((-1, 0), jnp.array([0, 5]))
+    np.testing.assert_array_equal(out, [[0, 1], [5, 6]])
