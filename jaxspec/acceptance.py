@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import ROW_SUM_TOL, _sum_last, sample_categorical
+from jaxspec.sampling import ROW_SUM_TOL, _sum_last, check_key, sample_categorical
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
 
@@ -611,9 +611,11 @@ def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: 
     Returns ``(accept_prob float32[N], residual float32[N + 1, V])``: ``accept_prob[j]`` is
     the probability that node j is accepted *given that it is tried*; ``residual[r]`` is
     the law emitted at row r when all of its children are rejected (for a leaf row,
-    the row itself: the bonus law), normalized. Pure and jit-safe; no input validation.
-    (The rule itself evaluates only the one residual row it emits from.)
+    the row itself: the bonus law), normalized. Pure and jit-safe; only ``scheme`` is
+    validated (a static choice). (The rule itself evaluates only the one residual row it
+    emits from.)
     """
+    _check_scheme(scheme)
     st = _structure(parents)
     tokens = jnp.asarray(tokens, jnp.int32)
     P = jnp.asarray(target_probs, jnp.float32)
@@ -828,10 +830,19 @@ def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
     )
 
 
-def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
-    """Boundary validation: shapes and dtypes always, values when concrete."""
+def _check_scheme(scheme):
     if scheme not in SCHEMES:
         raise ValueError(f"scheme = {scheme!r}; expected one of {', '.join(SCHEMES)}")
+
+
+def _dtype(x):
+    """The dtype of an array or of a (nested) list / scalar as numpy reads it."""
+    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
+def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
+    """Boundary validation: shapes and dtypes always, values when concrete."""
+    _check_scheme(scheme)
     if _tree.is_concrete(parents):
         par = _tree.validate_parents(parents)
         n = par.shape[0]
@@ -843,15 +854,15 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
     tok_shape = np.shape(tokens)
     if tok_shape != (n,):
         raise ValueError(f"tokens: expected shape ({n},) to match parents, got {tok_shape}")
-    if not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-        raise ValueError(f"tokens: expected an integer dtype, got {jnp.result_type(tokens)}")
+    if not jnp.issubdtype(_dtype(tokens), jnp.integer):
+        raise ValueError(f"tokens: expected an integer dtype, got {_dtype(tokens)}")
     shapes = {}
     for name, arr in (("target_probs", target_probs), ("draft_probs", draft_probs)):
         shape = np.shape(arr)
         if len(shape) != 2 or shape[0] != n + 1:
             raise ValueError(f"{name}: expected shape ({n + 1}, V) = [N + 1, V], got {shape}")
-        if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
-            raise ValueError(f"{name}: expected a floating dtype, got {jnp.result_type(arr)}")
+        if not jnp.issubdtype(_dtype(arr), jnp.floating):
+            raise ValueError(f"{name}: expected a floating dtype, got {_dtype(arr)}")
         shapes[name] = shape
     v = shapes["target_probs"][1]
     if shapes["draft_probs"][1] != v:
@@ -919,5 +930,6 @@ def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, schem
       ValueError: for an unknown scheme, bad shapes or dtypes, out-of-range tokens, or
         (when the arrays are concrete) probability rows that do not sum to 1.
     """
+    key = check_key(key)
     _check_inputs(parents, tokens, target_probs, draft_probs, scheme)
     return _accept_core(key, parents, tokens, target_probs, draft_probs, scheme)

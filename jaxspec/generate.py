@@ -407,18 +407,13 @@ def _check_model(name: str, model) -> None:
         raise ValueError(f"{name}: expected a jaxspec.model.Transformer, got {type(model).__name__}")
 
 
-def _check_key(key):
-    try:
-        arr = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-    except Exception:
-        arr = None
-    if arr is not None and jnp.issubdtype(arr.dtype, jax.dtypes.prng_key) and arr.shape == ():
-        return arr
-    if arr is not None and arr.dtype == jnp.uint32 and arr.shape == (2,):
-        return jax.random.wrap_key_data(arr)
-    raise ValueError(
-        f"key: expected a scalar jax.random.key (or a legacy uint32[2] PRNGKey), got {key!r}"
-    )
+def _check_on_round(on_round):
+    if on_round is not None and not callable(on_round):
+        raise ValueError(
+            f"on_round = {on_round!r}: expected None or a function f(tokens, lengths) called "
+            "once per round"
+        )
+    return on_round
 
 
 def _check_budget(max_new_tokens) -> int:
@@ -565,7 +560,7 @@ def generate(
     """
     _check_model("target", target)
     _check_model("draft", draft)
-    key = _check_key(key)
+    key = sampling.check_key(key)
     stop = _check_stop(stop_tokens, target.config.vocab_size)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, t_temp, d_temp = build_config(
@@ -615,7 +610,7 @@ def generate_autoregressive(
     step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``on_round`` as
     in :func:`generate` (called after every token)."""
     _check_model("target", target)
-    key = _check_key(key)
+    key = sampling.check_key(key)
     stop = _check_stop(stop_tokens, target.config.vocab_size)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, temp = build_ar_config(
@@ -703,7 +698,8 @@ def build_config(
         )
     tdef = nnx.graphdef(target)
     ddef = nnx.graphdef(draft)
-    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity, on_round=on_round)
+    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
+                     on_round=_check_on_round(on_round))
     return cfg, t_temp, d_temp
 
 
@@ -726,4 +722,4 @@ def build_ar_config(
     warp, temp = _warp("", temperature, top_k, top_p)
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
-    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=on_round), temp
+    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=_check_on_round(on_round)), temp

@@ -97,6 +97,23 @@ def _check_logits(logits):
     return x
 
 
+def check_key(key):
+    """The PRNG key argument as a typed key array: a scalar ``jax.random.key`` (traced or
+    not) as is, a legacy ``uint32[2]`` ``PRNGKey`` wrapped; anything else -> ``ValueError``
+    naming ``key``."""
+    try:
+        arr = key if isinstance(key, jax.Array) else jnp.asarray(key)
+    except Exception:
+        arr = None
+    if arr is not None and jnp.issubdtype(arr.dtype, jax.dtypes.prng_key) and arr.shape == ():
+        return arr
+    if arr is not None and arr.dtype == jnp.uint32 and arr.shape == (2,):
+        return jax.random.wrap_key_data(arr)
+    raise ValueError(
+        f"key: expected a scalar jax.random.key (or a legacy uint32[2] PRNGKey), got {key!r}"
+    )
+
+
 def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
     """Check concrete warp arguments; traced ``temperature``/``top_p`` are skipped.
 

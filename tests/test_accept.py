@@ -389,3 +389,20 @@ def test_closed_form_matches_literal_rule(scheme, v):
             for a, res in (static, traced(jnp.asarray(parents, jnp.int32), t, p, q)):
                 np.testing.assert_allclose(np.asarray(a), want_a, atol=2e-5, err_msg=f"{parents} trial {trial}")
                 np.testing.assert_allclose(np.asarray(res), want_r, atol=2e-5, err_msg=f"{parents} trial {trial}")
+
+
+def test_boundary_accepts_lists_and_names_bad_keys_and_schemes():
+    """Plain lists are valid tokens / rows; a key that is not a PRNG key and an unknown
+    scheme (also for accept_probabilities) raise ValueError naming the argument."""
+    p = [[0.25] * 4] * 3
+    r = speculative_accept(jax.random.key(0), [-1, 0], [1, 2], p, p, scheme="iid")
+    assert int(r.num_tokens) == 3  # p == q: everything accepted
+    legacy = speculative_accept(jax.random.PRNGKey(0), [-1, 0], [1, 2], p, p, scheme="iid")
+    assert int(legacy.num_tokens) == 3
+    for bad in (0, "key", jnp.zeros((3,), jnp.uint32), jax.random.split(jax.random.key(0), 2)):
+        with pytest.raises(ValueError, match="^key: expected a scalar jax.random.key"):
+            speculative_accept(bad, [-1, 0], [1, 2], p, p, scheme="iid")
+    with pytest.raises(ValueError, match="^scheme = 'x'"):
+        accept_probabilities([-1, 0], jnp.array([1, 2]), jnp.asarray(p), jnp.asarray(p), scheme="x")
+    with pytest.raises(ValueError, match="^tokens: expected an integer dtype"):
+        speculative_accept(jax.random.key(0), [-1, 0], [1.0, 2.0], p, p, scheme="iid")

@@ -439,6 +439,9 @@ def test_boundary_validation(pair):
     other, _ = tiny_pair(0, vocab_size=4)
     err("draft: vocab_size = 4; expected the target's vocab_size = 8", k, target, other, [[1]])
     err("draft: expected a jaxspec.model.Transformer", k, target, "draft", [[1]])
+    err("on_round = 5: expected None or a function", on_round=5)
+    with pytest.raises(ValueError, match="on_round = 'x'"):
+        gen.generate_autoregressive(k, target, [[1]], max_new_tokens=1, on_round="x")
     with pytest.raises(ValueError, match="max_new_tokens"):
         gen.generate_autoregressive(k, target, [[1]], max_new_tokens=-1)
     with pytest.raises(ValueError, match=r"prompts\[0\]: empty"):
