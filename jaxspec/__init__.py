@@ -1,6 +1,6 @@
 """jaxspec: lossless tree speculative decoding in JAX/XLA.
 
-Public API (see DESIGN.md §5):
+Public API (see docs/DESIGN.md §5):
 
 * tree topology: :func:`tree_mask`, :func:`tree_depths`, :func:`tree_positions`,
   :func:`tree_paths`, :func:`tree_children`, constructors :func:`chain`,

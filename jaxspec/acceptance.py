@@ -1,4 +1,4 @@
-"""The lossless acceptance rule for a draft tree (DESIGN.md §2).
+"""The lossless acceptance rule for a draft tree (docs/DESIGN.md §2).
 
 Walk from the root. At the current row, with target law ``p`` and draft law ``q``, try
 the children in sibling (index) order. Child ``x`` with proposal law ``q_k``:

@@ -6,7 +6,7 @@ from the models, never sampled:
   :func:`~jaxspec.model.forward_logits` per level, rows warped by
   :func:`~jaxspec.sampling.warp_probs` and renormalized in float64);
 * :func:`expected_acceptance`: the first round's expected accepted nodes per depth, over
-  every draft draw of a static tree, with the acceptance rule re-read from DESIGN.md §2 in
+  every draft draw of a static tree, with the acceptance rule re-read from docs/DESIGN.md §2 in
   float64 numpy (independent of :mod:`jaxspec.acceptance`).
 
 Cells: token sequences of positive exact probability (``V**L`` of them at most, only
@@ -174,7 +174,7 @@ def _q_k(q, xs, k, scheme):
 
 
 def _tried(p, q, xs, scheme):
-    """P(sibling k accepted | tried), k = 0..m-1, as DESIGN.md §2 reads (float64)."""
+    """P(sibling k accepted | tried), k = 0..m-1, as docs/DESIGN.md §2 reads (float64)."""
     out = []
     for k, x in enumerate(xs):
         qk = _q_k(q, xs, k, scheme)
@@ -199,7 +199,7 @@ def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequenc
     """float64[D]: for the first round after ``prompt``, ``E[accepted nodes at depth d]``
     (= P(the accepted path reaches depth d)), enumerated over every draft draw of the tree.
 
-    Independent of the library's acceptance code: the rule is re-read from DESIGN.md §2 in
+    Independent of the library's acceptance code: the rule is re-read from docs/DESIGN.md §2 in
     float64 numpy; the rows are the models' own warped next-token laws after the prompt
     plus each drafted path. Raises ``ValueError`` when more than ``max_terms`` draws
     would be enumerated.

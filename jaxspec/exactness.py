@@ -1,5 +1,5 @@
 """Exactness verification as a product: does *this* decoder configuration reproduce the
-target's law? (DESIGN.md §4.)
+target's law? (docs/DESIGN.md §4.)
 
 :func:`verify` runs the real decoder (:func:`jaxspec.generate`) on ``S`` copies of one
 prompt (a batch of identical prompts is a batch of independent samples), keeps the first

@@ -1,6 +1,6 @@
 """Deliberately broken speculative decoders, for ``jaxspec verify --mutant NAME``.
 
-A harness that cannot fail proves nothing (DESIGN.md §4). Each mutant is the real decoder
+A harness that cannot fail proves nothing (docs/DESIGN.md §4). Each mutant is the real decoder
 of :func:`jaxspec.generate` with exactly one piece replaced by a classic bug of §2, so a
 user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on the main
 decode path: :func:`spec_impl` returns a *separate* configuration and round function.

@@ -1,4 +1,4 @@
-"""Probability warps and draft-side draws (see DESIGN.md §2).
+"""Probability warps and draft-side draws (see docs/DESIGN.md §2).
 
 Two halves:
 

@@ -1,4 +1,4 @@
-"""Statistics behind every exactness claim (DESIGN.md §4). Plain numpy/scipy, not jitted.
+"""Statistics behind every exactness claim (docs/DESIGN.md §4). Plain numpy/scipy, not jitted.
 
 * :func:`chisquare_gof` — counts vs an exact law (e.g. an enumerated target law).
 * :func:`chisquare_two_sample` — two samples (e.g. speculative vs target-only) from one law?

@@ -1,4 +1,4 @@
-"""Tree topology: one convention everywhere (see DESIGN.md §1).
+"""Tree topology: one convention everywhere (see docs/DESIGN.md §1).
 
 A tree of ``N`` draft nodes is an int32 array ``parents[N]`` in topological order:
 ``parents[i] < i`` and ``parents[i] == -1`` means "child of the root". The root is the

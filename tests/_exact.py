@@ -1,6 +1,6 @@
 """Exact (enumerated, float64 numpy) expectations of one speculative round on bigram tables.
 
-Independent of the library: the rule is re-read from DESIGN.md §2 and evaluated by
+Independent of the library: the rule is re-read from docs/DESIGN.md §2 and evaluated by
 enumerating every draft draw with its probability.
 """
 

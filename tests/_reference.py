@@ -2,7 +2,7 @@
 broken variants ("mutants") that the exactness harness must reject.
 
 The library computes the rule branch-free (residual tables, then mask reductions); this
-file walks the tree one sibling at a time in a ``lax.while_loop``, exactly as DESIGN.md §2
+file walks the tree one sibling at a time in a ``lax.while_loop``, exactly as docs/DESIGN.md §2
 reads. Agreement of the two, and the mutants' rejection, is the evidence. The mutants live
 here, never in the library.
 """

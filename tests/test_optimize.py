@@ -110,7 +110,7 @@ def test_literal_example():
 
 
 def test_expected_accepted_by_hand():
-    assert expected_accepted([-1, 0, 1, 2, 3], [0.7]) == pytest.approx(1.94117)  # DESIGN.md
+    assert expected_accepted([-1, 0, 1, 2, 3], [0.7]) == pytest.approx(1.94117)  # docs/DESIGN.md
     # ranks past the vector count 0; a node under a worthless node is worthless
     np.testing.assert_allclose(node_probabilities([-1, -1, -1, 2], [0.5, 0.25]),
                                [0.5, 0.25, 0.0, 0.0])

@@ -58,7 +58,7 @@ _LARGE = (64, 32000, 8, (("chain", ("chain", 64)), ("tree(4,3,4)", ("branching",
 # The batch matters: the floor reads no memory, while the rule must read the rows it
 # judges (p and q: batch * (N + 1) * V * 8 bytes); once they leave the cache (batch 4096
 # at N = 8, V = 32 is 9.4 MB) the rule turns memory-bound and its fraction of the floor
-# falls. Every batch is reported; the headline is batch 1024 (1.2 MB of rows per call).
+# falls. Every batch is reported; the headline is batch 1024 (2.4 MB of rows per call).
 CONFIGS = {
     "full": AcceptBenchConfig(
         cases=tuple((8, 32, b, _SMALL_TREES) for b in (256, 1024, 4096)) + (_LARGE,),
