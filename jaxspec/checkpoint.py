@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxspec.config import ModelConfig
@@ -78,6 +78,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _DTYPES = ("float32", "bfloat16")
+# safetensors dtypes load_model reads (converted to the model's dtype)
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Tensors some HF checkpoints carry that this model recomputes: skipped on load.
 _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
@@ -357,14 +359,33 @@ def _save_tensors(tensors: dict[str, np.ndarray], path: Path, meta: dict[str, st
     os.chmod(path, 0o666 & ~umask)  # safetensors creates files 0600; make them like any other file
 
 
+def _open_weights(path: Path):
+    """``safe_open(path)``; a damaged file (truncated, empty, not safetensors) -> ValueError."""
+    try:
+        return safe_open(path, framework="numpy")
+    except SafetensorError as e:
+        raise ValueError(f"load_model: {path} is not a valid safetensors file: {e}") from None
+
+
 def _weight_files(folder: Path) -> dict[str, str]:
     """HF tensor name -> file name, from the index or the single weights file."""
     index = folder / INDEX_FILE
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"load_model: {index} is not a valid safetensors index ({e!r})") from None
+        if not isinstance(weight_map, dict):
+            raise ValueError(
+                f"load_model: {index} is not a valid safetensors index (weight_map is a "
+                f"{type(weight_map).__name__}; expected an object mapping tensor names to file names)"
+            )
+        for name, fname in weight_map.items():
+            if not isinstance(fname, str) or not fname:
+                raise ValueError(
+                    f"load_model: {index} is not a valid safetensors index (weight_map[{name!r}] = "
+                    f"{fname!r}; expected a file name)"
+                )
         for fname in sorted(set(weight_map.values())):
             if not (folder / fname).is_file():
                 raise FileNotFoundError(f"load_model: missing shard {folder / fname} (listed in {index})")
@@ -372,7 +393,7 @@ def _weight_files(folder: Path) -> dict[str, str]:
     single = folder / WEIGHTS_FILE
     if not single.is_file():
         raise FileNotFoundError(f"load_model: missing {single} (and no {INDEX_FILE})")
-    with safe_open(single, framework="numpy") as f:
+    with _open_weights(single) as f:
         return {name: WEIGHTS_FILE for name in f.keys()}
 
 
@@ -427,18 +448,35 @@ def load_model(
     for name in expected:
         by_file.setdefault(files[name], []).append(name)
     for fname, names in by_file.items():
-        with safe_open(folder / fname, framework="numpy") as f:
+        file = folder / fname
+        with _open_weights(file) as f:
+            stored = set(f.keys())
             for name in names:
                 path, transpose, shape = expected[name]
-                got = tuple(f.get_slice(name).get_shape())
+                if name not in stored:  # a shard index that lists a tensor its shard lacks
+                    raise ValueError(f"load_model: {file}: missing tensor {name!r} (listed in {INDEX_FILE})")
+                sl = f.get_slice(name)
+                got = tuple(sl.get_shape())
                 if got != shape:
                     raise ValueError(
-                        f"load_model: {folder / fname}: tensor {name!r} has shape {got}; "
+                        f"load_model: {file}: tensor {name!r} has shape {got}; "
                         f"expected {shape} from {CONFIG_FILE}"
                     )
-                arr = f.get_tensor(name)
-                if not np.issubdtype(arr.dtype, np.floating) and arr.dtype != jnp.bfloat16:
-                    raise ValueError(f"load_model: {folder / fname}: tensor {name!r} has dtype {arr.dtype}; expected a float")
+                if sl.get_dtype() not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"load_model: {file}: tensor {name!r} has dtype {sl.get_dtype()}; expected a float "
+                        f"({', '.join(_FLOAT_DTYPES)})"
+                    )
+                try:
+                    arr = f.get_tensor(name)
+                except SafetensorError as e:
+                    raise ValueError(f"load_model: {file} is not a valid safetensors file: {e}") from None
+                if not np.isfinite(arr).all():  # one vectorized pass per tensor
+                    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+                    raise ValueError(
+                        f"load_model: {file}: tensor {name!r} has {bad} non-finite value(s) (NaN or inf); "
+                        "expected finite weights"
+                    )
                 values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
 
     pure = nnx.to_pure_dict(state)

@@ -29,7 +29,10 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -77,6 +80,35 @@ _positive_int = arg_type(int, lambda v: v >= 1, "a positive integer")
 _nonneg_int = arg_type(int, lambda v: v >= 0, "a non-negative integer")
 _positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a positive number")
 _nonneg_float = arg_type(float, lambda v: 0 <= v < float("inf"), "a non-negative number")
+_unit_float = arg_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+# --seed: jax.random.key keeps 32 bits of the seed (2**32 + s would give the key of s)
+_seed = arg_type(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
+
+
+def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
+    """Refuse, before any long work, an output folder that cannot be written.
+
+    ``path`` must be an existing folder, or creatable: its nearest existing ancestor is a
+    folder this process can create entries in. That is tried with a temporary folder,
+    removed at once (``os.access`` answers yes to root for places such as ``/proc``).
+    Raises :class:`CLIError` naming ``flag`` (``--out``, ``OUT_DIR``, ...) and ``path``;
+    returns ``Path(path)``.
+    """
+    p = Path(path).expanduser()
+    here = Path(os.path.abspath(p))
+    anc = here
+    while not os.path.lexists(anc) and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        if anc == here:
+            raise CLIError(f"{flag} {path}: expected a folder, got an existing file")
+        raise CLIError(f"{flag} {path}: cannot create this folder: {anc} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".jaxspec-write-test-", dir=anc))
+    except OSError as e:
+        where = "this folder" if anc == here else f"{anc}"
+        raise CLIError(f"{flag} {path}: cannot write into {where} ({e.strerror or e})") from None
+    return p
 
 
 # ----------------------------------------------------------------------------- train / distill
@@ -114,14 +146,15 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-len", type=_positive_int, default=d.seq_len, help=f"default: {d.seq_len}")
     g.add_argument("--lr", type=_positive_float, default=d.lr, help=f"peak learning rate (default: {d.lr})")
     g.add_argument("--warmup-steps", type=_nonneg_int, default=d.warmup_steps, help=f"default: {d.warmup_steps}")
-    g.add_argument("--min-lr-ratio", type=_nonneg_float, default=d.min_lr_ratio, help=f"default: {d.min_lr_ratio}")
+    g.add_argument("--min-lr-ratio", type=_unit_float, default=d.min_lr_ratio,
+                   help=f"final lr / peak lr, in [0, 1] (default: {d.min_lr_ratio})")
     g.add_argument("--weight-decay", type=_nonneg_float, default=d.weight_decay, help=f"default: {d.weight_decay}")
     g.add_argument("--clip-norm", type=_positive_float, default=d.clip_norm, help=f"default: {d.clip_norm}")
     g.add_argument("--eval-every", type=_positive_int, default=d.eval_every, help=f"default: {d.eval_every}")
     g.add_argument("--eval-windows", type=_positive_int, default=d.eval_windows, help=f"default: {d.eval_windows}")
     g.add_argument("--checkpoint-every", type=_positive_int, default=d.checkpoint_every,
                    help=f"default: {d.checkpoint_every}")
-    g.add_argument("--seed", type=_nonneg_int, default=d.seed, help=f"default: {d.seed}")
+    g.add_argument("--seed", type=_seed, default=d.seed, help=f"default: {d.seed}")
     g = p.add_argument_group("files")
     g.add_argument("--out", required=True, help="run folder (checkpoint/, final/, summary.json)")
     g.add_argument("--export", help="folder for the final model (default: OUT/final)")
@@ -132,20 +165,57 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _flag_names(message: str, args) -> str:
+    """A library message with the config fields that flags set named by their flags:
+    ``TrainConfig.min_lr_ratio`` -> ``--min-lr-ratio``, ``ModelConfig.num_attention_heads``
+    and a bare ``num_attention_heads`` -> ``--heads``. Fields without a flag stay."""
+    model = {field: flag for flag, field in _MODEL_FLAGS.items()}
+    model["tie_word_embeddings"] = "tie_embeddings"
+    flags = {f"ModelConfig.{field}": flag for field, flag in model.items()}
+    flags.update(model)  # ModelConfig field names are distinctive enough to map bare
+    flags.update({f"TrainConfig.{name}": name for name in vars(args)})
+
+    def sub(m):
+        flag = flags.get(m.group(0))
+        return m.group(0) if flag is None else "--" + flag.replace("_", "-")
+
+    return re.sub(r"\b(?:(?:ModelConfig|TrainConfig)\.)?\w+", sub, message)
+
+
 def _model_config(args):
     from jaxspec.train import PRESETS
 
     overrides = {field: getattr(args, flag) for flag, field in _MODEL_FLAGS.items() if getattr(args, flag) is not None}
     if args.tie_embeddings is not None:
         overrides["tie_word_embeddings"] = args.tie_embeddings
-    return dataclasses.replace(PRESETS[args.preset], **overrides)
+    try:
+        return dataclasses.replace(PRESETS[args.preset], **overrides)
+    except ValueError as e:
+        raise CLIError(_flag_names(str(e), args)) from None
 
 
-def _train_config(args):
+def _train_config(args, model_config=None):
     from jaxspec.train import TrainConfig
 
+    if args.warmup_steps >= args.steps:
+        raise CLIError(f"--warmup-steps = {args.warmup_steps}: expected < --steps = {args.steps}")
+    if model_config is not None and args.seq_len > model_config.max_position_embeddings:
+        raise CLIError(
+            f"--seq-len = {args.seq_len}: expected <= --context = {model_config.max_position_embeddings} "
+            "(the model's max_position_embeddings)"
+        )
     names = [f.name for f in dataclasses.fields(TrainConfig)]
-    return TrainConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    try:
+        return TrainConfig(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    except ValueError as e:
+        raise CLIError(_flag_names(str(e), args)) from None
+
+
+def _check_output_dirs(args) -> None:
+    """--out and --export of train / distill: writable folders, checked before training."""
+    check_output_dir("--out", args.out)
+    if args.export:
+        check_output_dir("--export", args.export)
 
 
 def _corpus(args):
@@ -162,7 +232,9 @@ def _train(p: argparse.ArgumentParser) -> Handler:
     def run(args) -> int:
         from jaxspec.train import train
 
-        mc, tc = _model_config(args), _train_config(args)
+        mc = _model_config(args)
+        tc = _train_config(args, mc)
+        _check_output_dirs(args)
         print(f"train: {mc.num_params():,} parameters; {tc.steps} steps of {tc.batch_size}x{tc.seq_len} tokens",
               file=sys.stderr)
         r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
@@ -190,7 +262,9 @@ def _distill(p: argparse.ArgumentParser) -> Handler:
         from jaxspec.checkpoint import load_model
         from jaxspec.train import distill
 
-        mc, tc = _model_config(args), _train_config(args)
+        mc = _model_config(args)
+        tc = _train_config(args, mc)
+        _check_output_dirs(args)
         target = load_model(args.target)
         init = load_model(args.init) if args.init else None
         r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),

@@ -8,7 +8,8 @@
     jaxspec bench --quick --out results/    # JSON + PNG of each benchmark under results/
 
 Each benchmark writes ``<name>.json`` and ``<name>.png`` under ``--out`` (default:
-``benchmarks/results`` when run from the repository root, else ``./bench-results``).
+``benchmarks/results`` when run from the repository root, else ``./bench-results``; its
+``quick/`` subfolder for ``--quick``, so a quick run never overwrites the full run).
 With ``--json`` stdout holds exactly one JSON object: the headline figures
 (``accept_rounds_per_s``, ``rng_floor_rounds_per_s``, ``decode_speedup``, ``tau``, ...; ``null``
 for a benchmark not run), ``machine``, and every report under ``benchmarks``. Progress goes
@@ -19,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 import time
 
-from jaxspec.cli import CLIError, Handler, command
+from jaxspec.cli import Handler, check_output_dir, command
 
 __all__: list[str] = []
 
@@ -45,7 +45,7 @@ def _bench(p: argparse.ArgumentParser) -> Handler:
     size.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # seconds; for tests
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
     p.add_argument("--out", help="folder for the JSON and PNG files (default: benchmarks/results in the "
-                                 "repository, else ./bench-results)")
+                                 "repository, else ./bench-results; their quick/ subfolder with --quick)")
     p.add_argument("--only", nargs="+", action="extend", choices=list(BENCHMARKS), metavar="NAME",
                    help=f"run only these benchmarks ({', '.join(BENCHMARKS)}; default: all)")
 
@@ -54,9 +54,7 @@ def _bench(p: argparse.ArgumentParser) -> Handler:
 
         size = "tiny" if args.tiny else ("quick" if args.quick else "full")
         names = list(dict.fromkeys(args.only)) if args.only else list(BENCHMARKS)
-        out = pathlib.Path(args.out) if args.out else common.default_out_dir()
-        if out.exists() and not out.is_dir():
-            raise CLIError(f"--out {args.out}: expected a folder, got an existing file")
+        out = check_output_dir("--out", args.out or common.default_out_dir(size))
         t_all = time.perf_counter()
         result: dict = {"size": size, "quick": size != "full"}
         for keys in HEADLINE_KEYS.values():

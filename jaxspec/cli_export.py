@@ -20,7 +20,7 @@ import json
 import shutil
 import sys
 
-from jaxspec.cli import CLIError, Handler, _positive_int, command
+from jaxspec.cli import CLIError, Handler, _positive_int, check_output_dir, command
 
 __all__: list[str] = []
 
@@ -38,14 +38,10 @@ def _export(p: argparse.ArgumentParser) -> Handler:
                    help="split the weights into shards of at most this many MB (with an index)")
 
     def run(args: argparse.Namespace) -> int:
-        from pathlib import Path
-
         from jaxspec.checkpoint import load_model, read_config, resolve_model_path, save_model
 
         src = resolve_model_path(args.model)
-        out = Path(args.out_dir)
-        if out.exists() and not out.is_dir():
-            raise CLIError(f"OUT_DIR {str(out)!r} is a file; expected a folder")
+        out = check_output_dir("OUT_DIR", args.out_dir)
         if out.exists() and out.resolve() == src.resolve():
             raise CLIError(f"OUT_DIR {str(out)!r} is the source folder; choose another")
         model = load_model(args.model)  # float32: the stored dtype is chosen below

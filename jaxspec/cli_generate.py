@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
-from jaxspec.cli import CLIError, Handler, command
+from jaxspec.cli import CLIError, Handler, _seed, command
 
 __all__: list[str] = []
 
@@ -124,7 +125,7 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         choices=("iid", "without_replacement", "deterministic"),
         help="sibling scheme (default without_replacement; dynamic trees: deterministic)",
     )
-    p.add_argument("--seed", type=_int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, in [0, 2**32) (default 0)")
     p.add_argument("--target", default="default-target", help="target model name or folder")
     p.add_argument("--draft", default="default-draft", help="draft model name or folder")
     p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
@@ -145,7 +146,8 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         try:
             sampling.validate_warp_args(args.temperature, args.top_k, args.top_p)
         except ValueError as e:
-            raise CLIError(str(e).replace("top_k", "--top-k").replace("top_p", "--top-p")) from None
+            flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+            raise CLIError(re.sub(r"\b(temperature|top_k|top_p)\b", lambda m: flags[m.group(1)], str(e))) from None
         tree = None
         auto = args.tree.strip().lower() == "auto" and not args.baseline
         if auto:
@@ -203,6 +205,8 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
                 return generate_autoregressive(key, target, [ids], **common)
             return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, **common)
 
+        if not args.json:  # stdout stays pure JSON with --json
+            print("compiling and warming up (first call, not timed) ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         out = jax.block_until_ready(call())  # compiles, and runs once silently
         t_first = time.perf_counter() - t0

@@ -9,27 +9,48 @@ the command line.
     jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
     jaxspec verify --samples 1e5 --json --plots plots/
 
-Exit status: 0 when every test passes, 1 when any is rejected, 2 on bad input.
+Exit status: 0 when every test passes, 1 when any is rejected, 2 on bad input or any
+other failure (an unwritable ``--plots`` folder, a device error): never 1 unless a test
+rejected.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
-from jaxspec.cli import CLIError, Handler, _nonneg_float, _nonneg_int, _positive_int, arg_type, command
+from jaxspec.cli import (
+    CLIError,
+    Handler,
+    _nonneg_float,
+    _positive_int,
+    _seed,
+    arg_type,
+    check_output_dir,
+    command,
+)
 
 __all__ = []
 
+MAX_SAMPLES = 10**12  # --samples: days of sampling on one accelerator; int64 counts stay exact
+
 
 def _count(s: str) -> int:
-    """A positive integer, also written like ``1e6`` or ``10**6``."""
+    """A positive integer up to :data:`MAX_SAMPLES`, also written like ``1e6`` or ``10**6``."""
+    too_large = argparse.ArgumentTypeError(f"expected a positive integer <= 1e12 (10**12), got {s!r}")
     try:
         if "**" in s:
-            a, b = s.split("**")
-            v = int(a) ** int(b)
+            a, b = (int(x) for x in s.split("**"))
+            if b < 0:
+                raise ValueError
+            if abs(a) > 1 and b > 64:  # far past the bound: do not compute a huge power
+                raise too_large
+            v = a**b
         else:
             f = float(s)
+            if f == math.inf:
+                raise too_large
             if f != int(f):
                 raise ValueError
             v = int(f)
@@ -37,6 +58,8 @@ def _count(s: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 1000000 or 1e6), got {s!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    if v > MAX_SAMPLES:
+        raise too_large
     return v
 
 
@@ -86,10 +109,10 @@ def _verify(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--prompt", help="comma-separated token ids, or text for byte-tokenizer models "
                                     "(default: 1,2,3)")
     g = p.add_argument_group("statistics")
-    g.add_argument("--samples", type=_count, default=10**6, help="samples per run (default: 1e6)")
+    g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
     g.add_argument("--horizon", type=_positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
     g.add_argument("--alpha", type=_probability, default=1e-3, help="family-wise error rate (default: 1e-3)")
-    g.add_argument("--seed", type=_nonneg_int, default=0, help="sampling seed (default: 0)")
+    g.add_argument("--seed", type=_seed, default=0, help="sampling seed, in [0, 2**32) (default: 0)")
     g.add_argument("--chunk-size", type=_positive_int, help="rows per device per step (default: 16384 on CPU, "
                                                             "65536 on accelerators)")
     g.add_argument("--no-acceptance", action="store_true", help="skip the acceptance-per-depth run")
@@ -99,30 +122,54 @@ def _verify(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:
-        from jaxspec.exactness import verify
+        try:
+            return _run(args)
+        except (OSError, RuntimeError, FloatingPointError) as e:  # exit 1 means "a test rejected"
+            raise CLIError(str(e) or type(e).__name__) from None
 
-        if (args.target is None) != (args.draft is None):
-            raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
-        if args.target is not None:
-            from jaxspec.checkpoint import load_model
+    return run
 
-            target, draft = load_model(args.target), load_model(args.draft)
-        else:
-            from jaxspec.exactness import default_pair
 
-            target, draft = default_pair(0)
-        vocab = target.config.vocab_size
+def _run(args: argparse.Namespace) -> int:
+    from jaxspec.exactness import MAX_CELLS, verify
+    from jaxspec.treespec import parse_tree
+
+    if (args.target is None) != (args.draft is None):
+        raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
+    try:
+        parse_tree(args.tree)
+    except ValueError as e:
+        raise CLIError(f"--tree: {e}") from None
+    if args.plots:
+        check_output_dir("--plots", args.plots)
+    if args.target is not None:
+        from jaxspec.checkpoint import load_model
+
+        target, draft = load_model(args.target), load_model(args.draft)
+    else:
+        from jaxspec.exactness import default_pair
+
+        target, draft = default_pair(0)
+    vocab = target.config.vocab_size
+    prompt = _parse_prompt(args.prompt, vocab)
+    h = args.horizon
+    if args.top_k is None and args.temperature != 0 and vocab > 1 and (h > 64 or vocab**h > MAX_CELLS):
+        raise CLIError(
+            f"--horizon = {h}: the target's {vocab} tokens give {vocab}**{h} joint cells, more than "
+            f"{MAX_CELLS}; pass --top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
+        )
+    try:
         report = verify(
             target, draft, tree=args.tree, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, draft_temperature=args.draft_temperature, draft_top_k=args.draft_top_k,
-            draft_top_p=args.draft_top_p, prompt=_parse_prompt(args.prompt, vocab), horizon=args.horizon,
+            draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
             alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
         )
-        print(report.to_json() if args.json else report.summary())
-        if args.plots:
-            for path in report.save_plots(args.plots):
-                print(f"wrote {path}", file=sys.stderr)
-        return 0 if report.passed else 1
-
-    return run
+    except ValueError as e:
+        raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None
+    print(report.to_json() if args.json else report.summary())
+    if args.plots:
+        for path in report.save_plots(args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0 if report.passed else 1

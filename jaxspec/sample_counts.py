@@ -115,15 +115,22 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     depth, ``rounds``, ``tokens``), ``"ar"`` (target-only: ``joint``, ``marginals``) or
     ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``).
     Returns (int64 counts by name, {"compile_s", "total_s"})."""
-    fn, mesh = _step_fn(kind, cfg, impl, tuple(devices), chunk, tuple(prompt), horizon, vocab)
     n_dev = len(devices)
+    if not 1 <= chunk < 2**31:
+        raise ValueError(f"chunk_size = {chunk}: expected an integer in [1, 2**31) (rows are int32-indexed)")
+    num_blocks = -(-num_samples // chunk)
+    if num_blocks + n_dev > 2**31:  # block indices are int32; past that, blocks would repeat keys
+        raise ValueError(
+            f"num_samples = {num_samples}: {num_blocks} blocks of chunk_size {chunk}; expected at most "
+            f"{2**31 - n_dev} blocks (an int32 block index): use fewer samples or a larger chunk_size"
+        )
+    fn, mesh = _step_fn(kind, cfg, impl, tuple(devices), chunk, tuple(prompt), horizon, vocab)
     rep = NamedSharding(mesh, P())
     sharded = NamedSharding(mesh, P(_AXIS))
     states = _replicate(states, rep)
     key_data = _global(np.asarray(jax.random.key_data(key)), rep)
     temps = _global(np.asarray(temps, np.float32), rep)
     levels = _replicate(levels, rep)
-    num_blocks = -(-num_samples // chunk)
     num_steps = -(-num_blocks // n_dev)
     totals: dict | None = None
     pending = None

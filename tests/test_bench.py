@@ -234,3 +234,23 @@ def test_compile_generate_tiny(tmp_path):
     report = compile_time.run("tiny", config=cfg)
     assert _positive(report["headline"]["generate_compile_s"])
     assert all(_positive(r["compile_s"]) for r in report["rows"])
+
+
+def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):
+    """From the repository root a full run writes benchmarks/results, a quick or tiny one
+    a subfolder of it (a quick run must never overwrite the published full run); elsewhere
+    ./bench-results likewise."""
+    from jaxspec.bench import common
+
+    monkeypatch.chdir(tmp_path)
+    assert common.default_out_dir() == tmp_path / "bench-results"
+    assert common.default_out_dir("quick") == tmp_path / "bench-results" / "quick"
+    for d in ("benchmarks", "jaxspec"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "pyproject.toml").write_text("")
+    results = tmp_path / "benchmarks" / "results"
+    assert common.default_out_dir("full") == results
+    assert common.default_out_dir("quick") == results / "quick"
+    assert common.default_out_dir("tiny") == results / "tiny"
+    with pytest.raises(ValueError):
+        common.default_out_dir("huge")

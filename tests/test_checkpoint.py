@@ -172,6 +172,90 @@ def test_missing_and_unexpected_tensor(tmp_path):
         load_model(tmp_path)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "random bytes", "header only"])
+def test_damaged_weights_file_is_a_value_error(tmp_path, damage):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
+    f = tmp_path / "model.safetensors"
+    good = f.read_bytes()
+    f.write_bytes({"truncated": good[: len(good) // 2], "empty": b"",
+                   "random bytes": np.random.default_rng(0).bytes(4096), "header only": good[:8]}[damage])
+    with pytest.raises(ValueError, match=r"load_model: .*model\.safetensors is not a valid safetensors file: ") as e:
+        load_model(tmp_path)
+    assert str(f) in str(e.value)
+
+
+def test_damaged_shard_is_a_value_error(tmp_path):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path, max_shard_bytes=8_000)
+    victim = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    victim.write_bytes(victim.read_bytes()[:-4])
+    with pytest.raises(ValueError, match=f"{victim.name} is not a valid safetensors file"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "index, detail",
+    [
+        ({"weight_map": ["a", "b"]}, "weight_map is a list"),
+        ({"weight_map": "model-00001-of-00002.safetensors"}, "weight_map is a str"),
+        ({"weight_map": {"model.norm.weight": 3}}, "weight_map['model.norm.weight'] = 3"),
+        ({"weight_map": {"model.norm.weight": None}}, "weight_map['model.norm.weight'] = None"),
+        ({"weight_map": {"model.norm.weight": ["x"]}}, "weight_map['model.norm.weight'] = ['x']"),
+        (["weight_map"], "TypeError"),
+    ],
+)
+def test_malformed_index_is_a_value_error(tmp_path, index, detail):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path, max_shard_bytes=8_000)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="is not a valid safetensors index") as e:
+        load_model(tmp_path)
+    assert detail in str(e.value)
+
+
+def test_index_naming_a_tensor_its_shard_lacks(tmp_path):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path, max_shard_bytes=8_000)
+    path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    index["weight_map"]["model.norm.weight"] = next(s for s in shards if s != index["weight_map"]["model.norm.weight"])
+    path.write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"missing tensor 'model\.norm\.weight'"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_non_finite_weights_name_the_tensor(tmp_path, bad, dtype):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path, dtype=dtype)
+    tensors = load_file(tmp_path / "model.safetensors")
+    w = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+    w[3, 5] = bad
+    tensors["model.layers.1.mlp.up_proj.weight"] = w
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' has 1 non-finite") as e:
+        load_model(tmp_path)
+    assert str(tmp_path / "model.safetensors") in str(e.value) and "NaN or inf" in str(e.value)
+
+
+def test_integer_tensor_is_refused(tmp_path):
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.norm.weight"] = np.ones(32, np.int32)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"tensor 'model\.norm\.weight' has dtype I32; expected a float"):
+        load_model(tmp_path)
+
+
+def test_damaged_weights_cli_is_one_line(tmp_path, capsys):
+    from jaxspec.cli import main
+
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 3)
+    assert main(["export", str(tmp_path / "m"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxspec export: error: load_model: ") and "not a valid safetensors file" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_save_rejects_bad_input(tmp_path):
     with pytest.raises(ValueError, match="Transformer"):
         save_model("not a model", tmp_path)

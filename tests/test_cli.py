@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from jaxspec import cli
@@ -31,9 +33,14 @@ def test_missing_and_unknown_command(capsys):
         (["train", "--lr", "fast", "--out", "x"], "--lr: expected a positive number"),
         (["train", "--preset", "huge", "--out", "x"], "invalid choice"),
         (["train", "--steps", "5"], "--out"),
-        (["train", "--steps", "10", "--warmup-steps", "10", "--out", "x"], "warmup_steps"),
-        (["train", "--seq-len", "4096", "--out", "x"], "max_position_embeddings"),
-        (["train", "--heads", "3", "--out", "x"], "num_attention_heads"),
+        (["train", "--steps", "10", "--warmup-steps", "10", "--out", "x"], "--warmup-steps = 10: expected < --steps = 10"),
+        (["train", "--seq-len", "4096", "--out", "x"], "--seq-len = 4096: expected <= --context = 256"),
+        (["train", "--heads", "3", "--out", "x"], "--kv-heads = 2: expected a divisor of --heads = 3"),
+        (["train", "--min-lr-ratio", "2", "--out", "x"], "argument --min-lr-ratio: expected a number in [0, 1], got '2'"),
+        (["train", "--seed", str(2**32), "--out", "x"],
+         f"argument --seed: expected an integer in [0, 2**32), got '{2**32}'"),
+        (["train", "--seed", "-1", "--out", "x"], "argument --seed: expected an integer in [0, 2**32), got '-1'"),
+        (["distill", "--seed", "1" + "0" * 30, "--out", "x"], "argument --seed: expected an integer in [0, 2**32)"),
         (["distill", "--target", "no-such-model", "--out", "x"], "unknown model 'no-such-model'"),
         (["distill", "--target", "./no/such/folder", "--out", "x"], "does not exist"),
     ],
@@ -43,6 +50,59 @@ def test_bad_input_is_a_clean_error(argv, message, capsys, tmp_path, monkeypatch
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err
+    assert "Traceback" not in err
+
+
+def test_largest_seed_is_accepted():
+    args = cli.build_parser().parse_args(["train", "--out", "x", "--seed", str(2**32 - 1)])
+    assert args.seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("command", ["train", "distill"])
+@pytest.mark.parametrize("flag", ["--out", "--export"])
+def test_output_folders_are_checked_before_training(command, flag, tmp_path, capsys, monkeypatch):
+    """An --out / --export that is a file, or under a file, is refused up front (exit 2,
+    naming the flag and the path): nothing is trained, loaded or created."""
+    import jaxspec.checkpoint
+    import jaxspec.train
+
+    def never(*a, **k):
+        raise AssertionError("the output folder should have been refused before any work")
+
+    for name in ("train", "distill"):
+        monkeypatch.setattr(jaxspec.train, name, never)
+    monkeypatch.setattr(jaxspec.checkpoint, "load_model", never)
+    f = tmp_path / "file"
+    f.write_text("")
+    ok = str(tmp_path / "run")
+    for bad, message in [(str(f), "expected a folder, got an existing file"),
+                         (str(f / "sub"), f"cannot create this folder: {f} is a file, not a folder")]:
+        argv = [command, "--out", bad] if flag == "--out" else [command, "--out", ok, "--export", bad]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"jaxspec {command}: error: {flag} {bad}: {message}\n", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no run folder, no probe left behind
+
+
+def test_check_output_dir(tmp_path):
+    assert cli.check_output_dir("--out", tmp_path) == tmp_path  # an existing folder
+    assert cli.check_output_dir("--out", tmp_path / "a" / "b") == tmp_path / "a" / "b"  # creatable
+    assert list(tmp_path.iterdir()) == []  # checked, not created; the write test is removed
+    if Path("/proc/self").is_dir():  # a folder nobody may create entries in, even root
+        with pytest.raises(cli.CLIError, match=r"^OUT_DIR /proc/nope/x: cannot write into /proc \("):
+            cli.check_output_dir("OUT_DIR", "/proc/nope/x")
+
+
+@pytest.mark.parametrize("where", ["file", "under a file", "proc"])
+def test_export_out_dir_is_checked(where, tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("")
+    if where == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc")
+    out = {"file": str(f), "under a file": str(f / "x"), "proc": "/proc/nope/x"}[where]
+    assert cli.main(["export", "default-draft", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxspec export: error: OUT_DIR {out}: ") and err.count("\n") == 1, err
     assert "Traceback" not in err
 
 

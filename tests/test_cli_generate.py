@@ -21,10 +21,11 @@ def _run(capsys, *argv):
         (["--prompt", "x" * 400], "context"),
         (["--prompt", "x", "--tree", "branch:0,2"], "--tree"),
         (["--prompt", "x", "--tree", "weird"], "--tree"),
-        (["--prompt", "x", "--temperature", "-1"], "temperature"),
-        (["--prompt", "x", "--top-p", "1.5"], "top-p"),
-        (["--prompt", "x", "--top-p", "0"], "top-p"),
-        (["--prompt", "x", "--top-k", "0"], "top-k"),
+        (["--prompt", "x", "--temperature", "-1"], "error: --temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--temperature", "nan"], "error: --temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--top-p", "1.5"], "--top-p"),
+        (["--prompt", "x", "--top-p", "0"], "--top-p"),
+        (["--prompt", "x", "--top-k", "0"], "--top-k"),
         (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["--prompt", ""], "--prompt"),
         (["--prompt", "x", "--tree", "auto", "--auto-budgets", "0,2"], "--auto-budgets"),
@@ -38,6 +39,30 @@ def test_errors_are_clean(capsys, argv, needle):
     assert code == 2, (code, err)
     assert needle in err and "Traceback" not in err, err
     assert err.startswith("jaxspec generate: error:"), err
+
+
+@pytest.mark.parametrize("seed", [str(2**32), "-1", "1" + "0" * 40])
+def test_seed_out_of_range_is_a_usage_error(capsys, seed):
+    code, out, err = _run(capsys, "--prompt", "x", "--seed", seed)
+    assert code == 2 and out == ""
+    assert err.endswith(f"jaxspec generate: error: argument --seed: expected an integer in [0, 2**32), got '{seed}'\n")
+    assert "Traceback" not in err
+
+
+def test_text_output_announces_the_untimed_first_call(capsys):
+    """Without --json, one stderr line says that the first (compiling) call is not timed,
+    before the streamed text; with --json stdout is exactly one JSON object."""
+    common = ["--prompt", "import os\n", "--max-new-tokens", "24", "--temperature", "0", "--baseline"]
+    code, out, err = _run(capsys, *common)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines.count("compiling and warming up (first call, not timed) ...") == 1, err
+    assert lines.index("compiling and warming up (first call, not timed) ...") < next(
+        i for i, line in enumerate(lines) if line.startswith("-- baseline:"))
+    assert out.startswith("import os\n") and "compiling" not in out
+    code, out, err = _run(capsys, *common, "--json")
+    assert code == 0, err
+    assert json.loads(out)["num_tokens"] == 24 and out.count("\n") == 1 and "compiling" not in out
 
 
 def test_temperature_zero_speculative_equals_baseline(capsys):

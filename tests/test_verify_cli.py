@@ -43,7 +43,8 @@ def test_mutant_exits_1_with_a_readable_summary(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--tree", "branch:x"], "tree spec 'branch:x'"),
+        (["--tree", "branch:x"], "error: --tree: tree spec 'branch:x'"),
+        (["--tree", "bogus"], "error: --tree: tree spec 'bogus'"),
         (["--scheme", "greedy"], "invalid choice"),
         (["--mutant", "off-by-one"], "invalid choice"),
         (["--samples", "0"], "--samples: expected a positive integer"),
@@ -54,7 +55,17 @@ def test_mutant_exits_1_with_a_readable_summary(capsys):
         (["--target", "no-such-model", "--draft", "no-such-model"], "no-such-model"),
         (["--prompt", "1,9"], "prompt[1] = 9"),
         (["--prompt", "hello"], "--prompt 'hello'"),
-        (["--horizon", "12"], "pass a top_k"),
+        (["--horizon", "12"], "error: --horizon = 12: the target's 4 tokens give 4**12 joint cells"),
+        (["--horizon", "20"], "pass --top-k K"),
+        (["--horizon", "1" + "0" * 30], "--horizon = 1" + "0" * 30),
+        (["--seed", str(2**32)], f"argument --seed: expected an integer in [0, 2**32), got '{2**32}'"),
+        (["--seed", "-1"], "argument --seed: expected an integer in [0, 2**32), got '-1'"),
+        (["--samples", "10**30"], "argument --samples: expected a positive integer <= 1e12 (10**12), got '10**30'"),
+        (["--samples", "1e30"], "argument --samples: expected a positive integer <= 1e12"),
+        (["--samples", "1e400"], "argument --samples: expected a positive integer <= 1e12"),
+        (["--samples", "10**999999999"], "argument --samples: expected a positive integer <= 1e12"),  # not computed
+        (["--samples", "1000000000001"], "argument --samples: expected a positive integer <= 1e12"),
+        (["--samples", "10**-2"], "argument --samples: expected a positive integer"),
     ],
 )
 def test_bad_input_exits_2(argv, message, capsys):
@@ -62,3 +73,73 @@ def test_bad_input_exits_2(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err, err
     assert "Traceback" not in err
+
+
+def test_samples_bound_is_inclusive():
+    args = cli.build_parser().parse_args(["verify", "--samples", "10**12", "--seed", str(2**32 - 1)])
+    assert args.samples == 10**12 and args.seed == 2**32 - 1
+
+
+def test_count_samples_refuses_an_int32_block_overflow():
+    import jax
+
+    from jaxspec.sample_counts import count_samples
+
+    common = dict(kind="spec", cfg=None, impl=None, states=(), temps=(1.0, 1.0), key=jax.random.key(0),
+                  prompt=(1,), horizon=1, vocab=4, levels=(), devices=jax.devices()[:1], progress=False, desc="x")
+    with pytest.raises(ValueError, match=r"num_samples = 10{30}: .* blocks of chunk_size 16384"):
+        count_samples(num_samples=10**30, chunk=16384, **common)
+    with pytest.raises(ValueError, match=r"num_samples = 2147483648: 2147483648 blocks of chunk_size 1"):
+        count_samples(num_samples=2**31, chunk=1, **common)
+    with pytest.raises(ValueError, match=r"chunk_size = 2147483648: expected an integer in \[1, 2\*\*31\)"):
+        count_samples(num_samples=2**31, chunk=2**31, **common)
+
+
+def _no_sampling(monkeypatch):
+    import jaxspec.exactness
+
+    def never(*a, **k):
+        raise AssertionError("verify should have refused its arguments before sampling")
+
+    monkeypatch.setattr(jaxspec.exactness, "verify", never)
+
+
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_plots_folder_is_checked_before_sampling(where, tmp_path, capsys, monkeypatch):
+    _no_sampling(monkeypatch)
+    f = tmp_path / "file"
+    f.write_text("")
+    plots = str(f if where == "file" else f / "plots")
+    assert cli.main(["verify", "--no-progress", "--plots", plots]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxspec verify: error: --plots {plots}: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("exc", [PermissionError(13, "Permission denied", "plots/joint.png"),
+                                 OSError(28, "No space left on device"), RuntimeError("RESOURCE_EXHAUSTED: out of memory")])
+def test_failures_exit_2_never_1(exc, capsys, monkeypatch):
+    """Exit status 1 means a test rejected: an OSError (unwritable plots, full disk) or a
+    device error while verifying exits 2 with its message."""
+    import jaxspec.exactness
+
+    def fail(*a, **k):
+        raise exc
+
+    monkeypatch.setattr(jaxspec.exactness, "verify", fail)
+    assert cli.main(["verify", "--no-progress", "--samples", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"jaxspec verify: error: {exc}\n"
+
+
+def test_unwritable_plots_after_a_passing_run_exit_2(tmp_path, capsys, monkeypatch):
+    from jaxspec.verify_report import VerifyReport
+
+    def fail(self, directory):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "marginals.png"))
+
+    monkeypatch.setattr(VerifyReport, "save_plots", fail)
+    code = cli.main(["verify", "--samples", "16384", "--json", "--plots", str(tmp_path), "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert json.loads(captured.out)["passed"] is True
+    assert captured.err.endswith(f"jaxspec verify: error: [Errno 13] Permission denied: '{tmp_path / 'marginals.png'}'\n")
