@@ -31,6 +31,15 @@ def _tokens():
     return jax.random.randint(jax.random.key(1), (2, 9), 0, 40, dtype=jnp.int32)
 
 
+def _edit_checkpoint(folder, edit, *, dtype="float32"):
+    """Save a fresh model to ``folder``, then rewrite its safetensors file with
+    ``edit(tensors)`` applied (a dict name -> numpy array, edited in place)."""
+    save_model(init_model(_config(), jax.random.key(0)), folder, dtype=dtype)
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
 @pytest.mark.parametrize("tie,bias", [(False, False), (True, False), (False, True), (True, True)])
 def test_round_trip_identical_logits(tmp_path, tie, bias):
     model = init_model(_config(tie_word_embeddings=tie, attention_bias=bias), jax.random.key(0))
@@ -158,16 +167,10 @@ def test_shape_mismatch_names_tensor(tmp_path):
 
 
 def test_missing_and_unexpected_tensor(tmp_path):
-    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors["model.layers.1.mlp.up_proj.weight"]
-    save_file(tensors, tmp_path / "model.safetensors")
+    _edit_checkpoint(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(ValueError, match=r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"):
         load_model(tmp_path)
-    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    tensors["model.layers.0.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
-    save_file(tensors, tmp_path / "model.safetensors")
+    _edit_checkpoint(tmp_path, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)}))
     with pytest.raises(ValueError, match=r"unexpected tensor 'model\.layers\.0\.self_attn\.q_proj\.bias'"):
         load_model(tmp_path)
 
@@ -225,22 +228,19 @@ def test_index_naming_a_tensor_its_shard_lacks(tmp_path):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_non_finite_weights_name_the_tensor(tmp_path, bad, dtype):
-    save_model(init_model(_config(), jax.random.key(0)), tmp_path, dtype=dtype)
-    tensors = load_file(tmp_path / "model.safetensors")
-    w = tensors["model.layers.1.mlp.up_proj.weight"].copy()
-    w[3, 5] = bad
-    tensors["model.layers.1.mlp.up_proj.weight"] = w
-    save_file(tensors, tmp_path / "model.safetensors")
+    def plant(tensors):
+        w = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+        w[3, 5] = bad
+        tensors["model.layers.1.mlp.up_proj.weight"] = w
+
+    _edit_checkpoint(tmp_path, plant, dtype=dtype)
     with pytest.raises(ValueError, match=r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' has 1 non-finite") as e:
         load_model(tmp_path)
     assert str(tmp_path / "model.safetensors") in str(e.value) and "NaN or inf" in str(e.value)
 
 
 def test_integer_tensor_is_refused(tmp_path):
-    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
-    tensors = load_file(tmp_path / "model.safetensors")
-    tensors["model.norm.weight"] = np.ones(32, np.int32)
-    save_file(tensors, tmp_path / "model.safetensors")
+    _edit_checkpoint(tmp_path, lambda t: t.update({"model.norm.weight": np.ones(32, np.int32)}))
     with pytest.raises(ValueError, match=r"tensor 'model\.norm\.weight' has dtype I32; expected a float"):
         load_model(tmp_path)
 
