@@ -58,12 +58,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import ROW_SUM_TOL, _sum_last, check_key, sample_categorical
+from jaxspec.sampling import SCHEMES, ROW_SUM_TOL, _check_scheme, _sum_last, check_key, sample_categorical
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
-
-SCHEMES = ("iid", "without_replacement", "deterministic")
-
 
 
 class AcceptResult(NamedTuple):
@@ -828,11 +825,6 @@ def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
         accepted_per_depth=(accepted_nodes >= 0).astype(jnp.int32),
         last_node=last,
     )
-
-
-def _check_scheme(scheme):
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme = {scheme!r}; expected one of {', '.join(SCHEMES)}")
 
 
 def _dtype(x):

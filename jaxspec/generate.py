@@ -665,8 +665,7 @@ def build_config(
             f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
         )
     m = _check_budget(max_new_tokens)
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme = {scheme!r}: expected one of {SCHEMES}")
+    sampling._check_scheme(scheme)
     spec = resolve_tree(tree)
     if isinstance(spec, DynamicTree):
         if scheme != "deterministic":

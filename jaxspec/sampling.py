@@ -422,8 +422,9 @@ def _check_row(probs, n: int, *, distinct: bool):
 
 
 def _check_scheme(scheme):
+    """The one check of a sibling-scheme argument (draws, the acceptance rule, generate)."""
     if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+        raise ValueError(f"scheme = {scheme!r}; expected one of {', '.join(SCHEMES)}")
 
 
 def sibling_laws(probs, tokens, scheme: str):
