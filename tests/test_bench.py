@@ -254,3 +254,6 @@ def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):
     assert common.default_out_dir("tiny") == results / "tiny"
     with pytest.raises(ValueError):
         common.default_out_dir("huge")
+    # the scripts in benchmarks/ pass their own folder: the same subfolder rule
+    assert common.default_out_dir("quick", base=tmp_path / "b") == tmp_path / "b" / "quick"
+    assert common.default_out_dir(base=tmp_path / "b") == tmp_path / "b"

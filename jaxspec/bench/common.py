@@ -191,15 +191,17 @@ def _jaxlib_version() -> str | None:
         return None
 
 
-def default_out_dir(size: str = "full") -> pathlib.Path:
-    """``benchmarks/results`` when run from the repository root, else ``./bench-results``;
-    a ``quick`` or ``tiny`` run goes to a subfolder of that name, so that it never
-    overwrites the full run's files."""
-    cwd = pathlib.Path.cwd()
-    if (cwd / "benchmarks").is_dir() and (cwd / "pyproject.toml").is_file() and (cwd / "jaxspec").is_dir():
-        base = cwd / "benchmarks" / "results"
-    else:
-        base = cwd / "bench-results"
+def default_out_dir(size: str = "full", base=None) -> pathlib.Path:
+    """``base`` (default: ``benchmarks/results`` when run from the repository root, else
+    ``./bench-results``); a ``quick`` or ``tiny`` run goes to a subfolder of that name, so
+    that it never overwrites the full run's files."""
+    if base is None:
+        cwd = pathlib.Path.cwd()
+        if (cwd / "benchmarks").is_dir() and (cwd / "pyproject.toml").is_file() and (cwd / "jaxspec").is_dir():
+            base = cwd / "benchmarks" / "results"
+        else:
+            base = cwd / "bench-results"
+    base = pathlib.Path(base)
     return base if check_size(size) == "full" else base / size
 
 
@@ -248,12 +250,11 @@ def script_main(name: str, argv=None, *, default_out=None) -> int:
     mod = benchmark_module(name)
     p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
     p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")
-    p.add_argument("--out", default=None if default_out is None else str(default_out),
-                   help=f"folder for <name>.json and <name>.png (default: {default_out or default_out_dir()}, "
-                        "its quick/ subfolder with --quick)")
+    p.add_argument("--out", help=f"folder for <name>.json and <name>.png (default: "
+                                 f"{default_out_dir(base=default_out)}, its quick/ subfolder with --quick)")
     args = p.parse_args(argv)
     size = "quick" if args.quick else "full"
-    report, files = run_benchmark(name, size, args.out or default_out_dir(size))
+    report, files = run_benchmark(name, size, args.out or default_out_dir(size, base=default_out))
     print(mod.table(report))
     print(f"wrote {files['json']} and {files['png']}")
     return 0
