@@ -2,6 +2,7 @@
 jitted pieces on tiny random models, the on-disk cache, and argument validation."""
 
 import json
+import types
 
 import jax
 import numpy as np
@@ -130,11 +131,25 @@ def test_costs_are_positive_and_grow_with_the_tree(pair):
     for c in (small, big):
         assert np.isfinite(c.round_s) and c.round_s > 0
         assert np.isfinite(c.verify_s) and c.verify_s > 0
-    # 33 verified tokens and a 32-sibling acceptance walk vs 2 tokens and one sibling
-    assert big.round_s > small.round_s, (small, big)
-    assert big.round_s > big.verify_s  # the round contains the verification
+    # No ordering between measured times is asserted (e.g. the 32-node round slower than
+    # the 1-node one): on a shared 2-core runner a 0.3 ms difference flips (CI, stop 15).
+    # Speed is the benchmarks' business; the arithmetic of the timer is tested below.
     step = measure_target_step(target, context_len=64, loops=4, repeats=3)
     assert np.isfinite(step) and step > 0
+
+
+def test_median_seconds_warms_up_then_takes_median_per_loop(monkeypatch):
+    ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0, 30.0, 40.0, 50.0, 55.0])  # 3, 1, 2, 10, 5 s
+    monkeypatch.setattr(autotree, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        return np.float32(i)
+
+    assert autotree._median_seconds(fn, loops=4, repeats=5) == pytest.approx(3.0 / 4)
+    assert calls == [0, 1, 2, 3, 4, 5]  # one untimed warm-up (compilation), then 5 timed
+    assert next(ticks, None) is None  # every timed call read the clock twice
 
 
 def _auto(pair, tmp_path, **kw):
