@@ -8,7 +8,9 @@ import dataclasses
 import json
 import math
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxspec.bench import BENCHMARKS, benchmark_module, common, run_benchmark
@@ -121,8 +123,42 @@ def test_cli_json_tiny(tmp_path, capsys):
         assert lo == pytest.approx(r["accept_rounds_per_s"]) and hi == pytest.approx(lo)
         assert r["fraction_of_read_floor"] == pytest.approx(
             r["accept_rounds_per_s"] / r["read_floor_rounds_per_s"])
+        assert _positive(r["sequential_rounds_per_s"])
+        assert r["speedup_vs_sequential"] == pytest.approx(r["accept_rounds_per_s"] / r["sequential_rounds_per_s"])
+        lo, hi = r["speedup_vs_sequential_turn_range"]
+        assert lo == pytest.approx(r["speedup_vs_sequential"]) and hi == pytest.approx(lo)
     assert on_disk["headline"]["accept_rounds_per_s"] == pytest.approx(result["accept_rounds_per_s"])
-    assert "| 8 | 32 |" in benchmark_module("accept").table(on_disk)
+    tab = benchmark_module("accept").table(on_disk)
+    assert "| 8 | 32 |" in tab and "Speedup over the sequential walk" in tab
+    r0 = on_disk["rows"][0]
+    assert f"{r0['speedup_vs_sequential']:.2f}×" in tab
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement", "deterministic"])
+def test_sequential_walk_is_the_same_rule(scheme):
+    """The benchmark's sequential baseline emits the library's tokens for the same keys
+    (so its speedup compares two implementations of one rule), on a chain, a wide tree
+    and a deep uneven tree, with repeated sibling tokens under iid."""
+    from jaxspec.bench.accept import _accept_fn, _inputs, _sequential_fn
+
+    rng = np.random.default_rng(7)
+    for parents in ([-1, 0, 1, 2, 3], [-1, -1, -1, -1, 0, 0], [-1, -1, 0, 0, 0, 2, 2, 5, -1]):
+        n, v, b = len(parents), 6, 512
+        p, q, toks = _inputs(n, v, b, seed=n)
+        if scheme != "iid":  # distinct siblings, as the draws produce them
+            par = np.asarray(parents)
+            t = np.zeros((b, n), np.int32)
+            for row in range(b):
+                for parent in set(parents):
+                    kids = np.flatnonzero(par == parent)
+                    t[row, kids] = rng.permutation(v)[: kids.size]
+            toks = jnp.asarray(t)
+        keys = jax.random.split(jax.random.key(n), b)
+        lib = np.asarray(_accept_fn(parents, scheme)(keys, toks, p, q))
+        seq = np.asarray(_sequential_fn(parents, scheme)(keys, toks, p, q))
+        np.testing.assert_array_equal(seq, lib)
+        # not a trivial agreement: paths of several lengths were taken
+        assert len(np.unique((lib >= 0).sum(axis=1))) >= 3, (parents, scheme)
 
 
 @pytest.mark.parametrize(

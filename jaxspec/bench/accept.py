@@ -10,17 +10,24 @@ next to, in the same run and taking turns with it (:func:`jaxspec.bench.common.t
 * the **read floor**: the same random numbers plus one read of a single V-wide target row
   per round, chosen by the uniforms. Every exact rule does at least this much (it emits a
   token from some row's law, which depends on that row of ``p``); when V is large this,
-  not the RNG, is what bounds the rule.
+  not the RNG, is what bounds the rule;
+
+and, as a yardstick from the other side, the **sequential walk** (:func:`_sequential_fn`):
+the same rule written the way one first would, one sibling at a time in a
+``lax.while_loop`` with the residual vector renormalized after each rejection, vmapped the
+same way (it emits the same tokens for the same keys). Under ``vmap`` it costs the slowest
+lane's walk; the library's branch-free form costs every lane the same fixed work.
 
 Median of repeats after a warm-up compile.
 
 JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
 accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
 fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
-fraction_of_read_floor}`` (rates and fractions from the medians over turns; a turn range
+fraction_of_read_floor, sequential_rounds_per_s, speedup_vs_sequential,
+speedup_vs_sequential_turn_range}`` (rates and fractions from the medians over turns; a turn range
 is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32,
 batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as
-ticks, and below it the fraction of the RNG floor with the 0.5 target line.
+ticks and the sequential walk as crosses, and below it the fraction of the RNG floor with the 0.5 target line.
 
     report = run("tiny")
     report["headline"]["accept_rounds_per_s"] > 0    # True
@@ -29,13 +36,16 @@ ticks, and below it the fraction of the RNG floor with the 0.5 target line.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxspec
 from jaxspec.bench import common
-from jaxspec.sampling import _sum_last
+from jaxspec.acceptance import _ratio
+from jaxspec.sampling import _sum_last, sample_categorical
 
 __all__ = ["NAME", "AcceptBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
 
@@ -118,6 +128,69 @@ def _read_floor_fn(n: int):
     return read_floor
 
 
+class _Walk(NamedTuple):
+    """State of the sequential walk of one chain."""
+
+    row: jax.Array  # int32[]: the row judging the current siblings (node + 1; 0 = root)
+    rank: jax.Array  # int32[]: sibling rank tried next
+    p: jax.Array  # float32[V]: the current target law (normalized residual)
+    q: jax.Array  # float32[V]: without replacement: the draft row, tried tokens zeroed
+    emitted: jax.Array  # int32[N + 1]: tokens so far, -1 padded
+    count: jax.Array  # int32[]: accepted nodes
+    done: jax.Array  # bool[]: no sibling left to try
+
+
+def _sequential_fn(parents, scheme: str):
+    """(keys[B], toks[B, N], p[B, N+1, V], q[B, N+1, V]) -> int32[B, N + 1]: the rule
+    read literally (docs/DESIGN.md section 2) -- one sibling at a time in a
+    ``lax.while_loop``, the residual vector renormalized over the vocabulary after every
+    rejection -- the way one would first write it. The same keys, uniforms and final
+    inverse-CDF draw as :func:`jaxspec.speculative_accept`, so the two emit the same
+    tokens (tests/test_bench.py). Under ``vmap`` the loop runs until the slowest lane is
+    done, each step a select over every lane's state: the cost the branch-free rule avoids.
+    """
+    par = np.asarray(parents, np.int32)
+    n = par.shape[0]
+    kids = np.full((n + 1, n + 1), -1, np.int32)  # [row, rank] -> node, -1 past the last
+    for node, parent in enumerate(par.tolist()):
+        kids[parent + 1, np.count_nonzero(kids[parent + 1] >= 0)] = node
+    kids = jnp.asarray(kids)
+
+    def one(key, toks, P, Q):
+        key_accept, key_emit = jax.random.split(key)
+        u = jax.random.uniform(key_accept, (n,), jnp.float32)
+
+        def step(w: _Walk) -> _Walk:
+            node = kids[w.row, w.rank]
+            x = toks[jnp.maximum(node, 0)]
+            at_x = jnp.arange(P.shape[-1]) == x
+            if scheme == "iid":
+                qk = Q[w.row]
+            elif scheme == "without_replacement":
+                mass = jnp.sum(w.q)
+                qk = jnp.where(mass > 0, w.q / jnp.where(mass > 0, mass, 1.0), at_x.astype(jnp.float32))
+            else:
+                qk = at_x.astype(jnp.float32)
+            ok = u[jnp.maximum(node, 0)] < _ratio(w.p[x], qk[x])
+            res = jnp.maximum(w.p - qk, 0.0)
+            total = jnp.sum(res)
+            rejected = jnp.where(total > 0, res / jnp.where(total > 0, total, 1.0), w.p)
+            nxt = node + 1
+            moved = _Walk(nxt, jnp.int32(0), P[nxt], Q[nxt],
+                          w.emitted.at[w.count].set(x), w.count + 1, jnp.bool_(False))
+            stayed = _Walk(w.row, w.rank + 1, rejected, jnp.where(at_x, 0.0, w.q),
+                           w.emitted, w.count, jnp.bool_(False))
+            out = jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stayed)
+            return out._replace(done=kids[out.row, out.rank] < 0)
+
+        start = _Walk(jnp.int32(0), jnp.int32(0), P[0], Q[0], jnp.full((n + 1,), -1, jnp.int32),
+                      jnp.int32(0), kids[0, 0] < 0)
+        end = jax.lax.while_loop(lambda w: ~w.done, step, start)
+        return end.emitted.at[end.count].set(sample_categorical(key_emit, end.p).astype(jnp.int32))
+
+    return jax.jit(jax.vmap(one))
+
+
 def _accept_fn(parents, scheme: str):
     """(keys[B], toks[B, N], p[B, N+1, V], q[B, N+1, V]) -> int32[B, N + 1] emitted tokens."""
     return jax.jit(jax.vmap(
@@ -138,11 +211,13 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
             parents = _parents(spec)
             for scheme in cfg.schemes:
                 calls[(tree_name, scheme)] = (_accept_fn(parents, scheme), (keys, toks, p, q))
-        common.log(f"accept: N={n} V={v} B={batch}: compiling {len(calls) - 2} rules, timing "
-                   f"{cfg.repeats} turns of {cfg.min_time:g} s each ...")
+                calls[("sequential", tree_name, scheme)] = (_sequential_fn(parents, scheme), (keys, toks, p, q))
+        common.log(f"accept: N={n} V={v} B={batch}: compiling {(len(calls) - 2) // 2} rules and as many "
+                   f"sequential walks, timing {cfg.repeats} turns of {cfg.min_time:g} s each ...")
         turns = common.time_calls_turns(calls, repeats=cfg.repeats, min_time=cfg.min_time)
         times = common.medians(turns)
         t_floor, t_read = times.pop("floor"), times.pop("read")
+        t_seq = {k[1:]: times.pop(k) for k in list(times) if k[0] == "sequential"}
         for (tree_name, scheme), t in times.items():
             # the same fraction turn by turn (rule and floor timed seconds apart): how much
             # it moves within the run
@@ -157,11 +232,16 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
                 "fraction_of_floor_turn_range": [frac_lo, frac_hi],
                 "read_floor_rounds_per_s": batch / t_read,
                 "fraction_of_read_floor": t_read / t,
+                "sequential_rounds_per_s": batch / t_seq[(tree_name, scheme)],
+                "speedup_vs_sequential": t_seq[(tree_name, scheme)] / t,
+                "speedup_vs_sequential_turn_range": common.turn_range(
+                    turns[("sequential", tree_name, scheme)], rule_turns),
             })
             common.log(f"accept: N={n:3d} V={v:6d} B={batch:5d} {tree_name:12s} {scheme:20s} "
                        f"{batch / t:14,.0f} rounds/s   {t_floor / t:6.3f} of RNG floor "
                        f"({batch / t_floor:,.0f}/s; turns {frac_lo:.2f}-{frac_hi:.2f})   "
-                       f"{t_read / t:6.3f} of read floor ({batch / t_read:,.0f}/s)")
+                       f"{t_read / t:6.3f} of read floor ({batch / t_read:,.0f}/s)   "
+                       f"{t_seq[(tree_name, scheme)] / t:5.2f}x the sequential walk")
     report = {
         "benchmark": NAME,
         "size": size,
@@ -184,8 +264,9 @@ def headline(report: dict) -> dict:
 
 
 def table(report: dict) -> str:
-    """Markdown table: one line per (case, tree), schemes as columns: rounds/s (fraction of
-    the RNG floor / of the read floor)."""
+    """Markdown tables, one line per (case, tree), schemes as columns: rounds/s (fraction of
+    the RNG floor / of the read floor); then the speedup over the sequential walk (its
+    lowest and highest single turn in brackets)."""
     schemes = list(dict.fromkeys(r["scheme"] for r in report["rows"]))
     lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor | read floor |",
              "|---" * (6 + len(schemes)) + "|"]
@@ -199,7 +280,18 @@ def table(report: dict) -> str:
         read = first.get("read_floor_rounds_per_s")
         lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells)
                      + f" | {_rate(first['rng_floor_rounds_per_s'])} | {_rate(read) if read else '-'} |")
+    if all("speedup_vs_sequential" in r for r in report["rows"]):
+        lines += ["", "Speedup over the sequential walk (same keys, same tokens):", "",
+                  "| N | V | batch | tree | " + " | ".join(schemes) + " |", "|---" * (4 + len(schemes)) + "|"]
+        for (n, v, b, tree), by in groups.items():
+            cells = [_speedup(by[s]) if s in by else "-" for s in schemes]
+            lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _speedup(r: dict) -> str:
+    lo, hi = r["speedup_vs_sequential_turn_range"]
+    return f"{r['speedup_vs_sequential']:.2f}× [{lo:.2f}–{hi:.2f}]"
 
 
 def _fractions(r: dict) -> str:
@@ -213,7 +305,7 @@ def _rate(x: float) -> str:
 
 def plot(report: dict, path) -> None:
     """Two panels per (case, tree) and scheme. Top: rounds/s (log scale), whiskers from the
-    slowest to the fastest turn, the floors as ticks. Bottom: the fraction of the RNG floor
+    slowest to the fastest turn, the floors as ticks, the sequential walk's rate as a cross. Bottom: the fraction of the RNG floor
     (whiskers: its lowest and highest single turn) with the 0.5 target line, and the read
     floor's own fraction of the RNG floor as a tick (what an exact rule cannot beat)."""
     plt = common.pyplot()
@@ -234,6 +326,10 @@ def plot(report: dict, path) -> None:
             ys = [r[key] for r in sel]
             err = common.whiskers(ys, [r.get(f"{key}_turn_range") for r in sel])
             axis.bar(xs, ys, width, yerr=err, capsize=2, error_kw={"lw": 0.8}, label=s)
+        seq = [(x, r["sequential_rounds_per_s"]) for x, r in zip(xs, sel) if "sequential_rounds_per_s" in r]
+        if seq:
+            ax.scatter(*zip(*seq), marker="x", color="k", s=18, zorder=3,
+                       label="sequential walk" if j == 0 else None)
     for i, g in enumerate(groups):
         first = next(r for r in rows if (r["N"], r["V"], r["batch"], r["tree"]) == g)
         ax.hlines(first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45, color="k", lw=2,
