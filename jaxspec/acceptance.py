@@ -23,8 +23,10 @@ front, vectorized over rows, one step per sibling rank. No residual *vector* is 
 stored: the residual keeps the closed form ``max(p - c(y) q, 0) / s`` with a scalar ``c``
 per row (and, without replacement, a frozen ``c`` per tried token), so a rejection costs
 one fused reduction over the vocabulary for the rows that still have a sibling to judge
-(two without replacement: the residual mass and the untried draft mass; a chain needs
-none; the deterministic scheme is pure scalar arithmetic). The uniforms
+(a chain needs none; the deterministic scheme is pure scalar arithmetic). Without
+replacement each row also needs the draft mass of its untried tokens before every
+sibling; that depends on the tokens alone, so it is one more pass per row, made up front
+(:func:`_untried_masses`), not one per rank. The uniforms
 then pick the path with a few mask reductions, and only the one row the extra token is
 emitted from is evaluated over the vocabulary. No data-dependent loop, so ``jax.vmap``
 over millions of chains costs every lane the same.
@@ -33,7 +35,7 @@ Two evaluation orders of that one rule. A static tree with a row of >= 2 childre
 ``iid`` / ``without_replacement`` takes the *path walk* (:func:`_path_walk`): one step per
 depth (a static loop), each gathering the current row and judging its siblings there, so
 only the rows on the path are read over the vocabulary -- at most ``sum_d (K_d - 1)``
-rejection steps a round (one pass each, two without replacement) instead of one per
+rejection steps a round (one pass each, plus one per depth without replacement) instead of one per
 rejected sibling of every row (the uniforms decide which row each step reads; every lane
 still does the same work). Chains, the
 deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown at trace
@@ -158,8 +160,8 @@ def _structure(parents) -> _Structure:
 #   ``_deterministic_accept``);
 #
 # and then s <- sum(res) (one fused reduction over the vocabulary per row that still has
-# a sibling to judge, plus one for the untried q-mass z without replacement; none for a
-# chain). A rejection whose residual sums to 0 in float keeps the previous law instead;
+# a sibling to judge; none for a chain; without replacement, the untried q-masses z of
+# every rank come from one more pass per row, see ``_untried_masses``). A rejection whose residual sums to 0 in float keeps the previous law instead;
 # for the last sibling of a row the emitted law falls back to the target row (``_row_law``).
 # Both are events of probability 0 for drafts the scheme can produce. A draft it cannot
 # produce (without replacement: a repeated sibling token, or a q(x) = 0 token before q's
@@ -360,6 +362,9 @@ def _rank_walk(kids, P, Q, track, rows_by_rank=None):
     ent_tok, ent_c, ent_zero = [], [], []  # wr: entries of the tried ranks, each [R]
     per_rank, fin_c, fin_entry, cont_entry = [], [], [], []
     c_final = jnp.zeros((kids.shape[0],), jnp.float32)  # traced: c after each row's last child
+    if track and num_ranks > 1:  # the untried q-masses depend on the tokens only: up front
+        z_rows = rows_by_rank[1] if static else rows
+        z_after = _untried_masses(kids, Q, z_rows)
     for k in range(num_ranks):
         x = _pick(kids[:, k], rows)  # [R]
         has = None if static else x >= 0
@@ -404,11 +409,8 @@ def _rank_walk(kids, P, Q, track, rows_by_rank=None):
         pv, qv = _pick(P, nxt), _pick(Q, nxt)  # [R', V]
         res_rows = _law_rows(law_new, pv, qv)  # [R', V]
         s_new = _sum_last(res_rows)  # [R'] one pass over the rows
-        if track:  # and one for the q-mass of the untried tokens (a stacked [R', 2, V] sum
-            # is slower on XLA:CPU: the concatenation does not fuse well)
-            iota = jnp.arange(P.shape[-1], dtype=jnp.int32)
-            tried = jnp.any(law_new.toks[:, :, None] == iota[None, None, :], axis=1)  # [R', V]
-            z_new = _sum_last(jnp.where(tried, 0.0, qv))  # [R']
+        if track:  # the q-mass of the tokens not tried yet: computed before the loop
+            z_new = _pick(z_after[k], np.searchsorted(z_rows, nxt)) if static else z_after[k]
         fb = s_new <= 0  # a probability-0 rejection: keep the previous law
         c = _keep(more, jnp.where(fb, sel(c), law_new.c), sel(c))
         s = _keep(more, jnp.where(fb, sel(s), s_new), sel(s))
@@ -424,6 +426,43 @@ def _rank_walk(kids, P, Q, track, rows_by_rank=None):
         ent_zero = [sel(t) for t in ent_zero] + [cont[2]]
         rows = nxt
     return per_rank, fin_c, fin_entry, cont_entry, c_final
+
+
+def _untried_masses(kids, Q, rows):
+    """Without replacement: ``z_after[k]`` float32[R] for ranks ``k < K - 1``: the q-mass of
+    the tokens that are not among children ``0 .. k`` of each row of ``rows`` (static
+    numpy indices) -- the mass sibling ``k + 1`` was drawn from. Only meaningful for rows
+    with a (k + 1)-th child; ``kids: int32[N + 1, K]`` (-1 = no child), ``Q: [N + 1, V]``.
+
+    One pass over the vocabulary per row instead of one per rank: ``base``, the mass
+    outside every token tried before the row's last child; then ``z_after[k] = base +``
+    the q of the later tried tokens that are new (not an earlier sibling's token). Only
+    nonnegative numbers are added, so a small untried mass (a peaked draft whose first
+    siblings hold nearly all of q) keeps its relative accuracy; subtracting the tried
+    mass from 1 would not. The rank loop's sequential residual passes do not wait on it.
+    """
+    x = _pick(kids, rows)  # [R, K]
+    k = x.shape[1]
+    q_rows = _pick(Q, rows)  # [R, V]
+    last_tried = jnp.sum(x >= 0, axis=1) - 2  # children 0 .. n - 2 are tried before the last
+    iota = jnp.arange(Q.shape[-1], dtype=jnp.int32)
+    tried = jnp.zeros(q_rows.shape, jnp.bool_)
+    terms = []
+    for j in range(k - 1):
+        xj = x[:, j]
+        valid = (xj >= 0) & (j <= last_tried)
+        tried = tried | ((xj[:, None] == iota[None, :]) & valid[:, None])
+        new = valid
+        for i in range(j):
+            new = new & (x[:, i] != xj)
+        terms.append(jnp.where(new, _take(Q, rows, jnp.maximum(xj, 0)), 0.0))
+    base = _sum_last(jnp.where(tried, 0.0, q_rows))  # [R], the one pass
+    z_after = [None] * (k - 1)
+    later = jnp.zeros_like(base)  # sum of the terms of ranks > k
+    for r in reversed(range(k - 1)):
+        z_after[r] = base + later
+        later = later + terms[r]
+    return z_after
 
 
 def _rank_walk_dense(kids, P, Q):
@@ -730,9 +769,10 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     the rows on the path: walk depth by depth, gather the current row (``p, q: [V]``),
     run the sibling steps of :func:`_rank_walk` on that one row, follow the first child
     whose test passes. A row with K children costs K - 1 rejection steps over the
-    vocabulary (one pass each under iid, two without replacement), so a round costs at
-    most ``sum_d (K_d - 1)`` of them (K_d: the most children of a row at depth d) instead
-    of one per rejected sibling of *every* row -- 8 instead of 47 for (4, 3, 4). Same
+    vocabulary (one pass each; without replacement one more per row for the untried draft
+    masses), so a round costs at most ``sum_d (K_d - 1)`` of them (K_d: the most children
+    of a row at depth d) instead of one per rejected sibling of *every* row -- 8 instead of
+    47 for (4, 3, 4) (11 without replacement, was 16 with a draft-mass pass per rank). Same
     uniforms, same laws, same result as the all-rows form (checked in tests/test_accept.py).
 
     Returns ``(num_accepted, last, accepted_nodes int32[N], law, p, q)`` with ``law`` the

@@ -406,3 +406,38 @@ def test_boundary_accepts_lists_and_names_bad_keys_and_schemes():
         accept_probabilities([-1, 0], jnp.array([1, 2]), jnp.asarray(p), jnp.asarray(p), scheme="x")
     with pytest.raises(ValueError, match="^tokens: expected an integer dtype"):
         speculative_accept(jax.random.key(0), [-1, 0], [1.0, 2.0], p, p, scheme="iid")
+
+
+def test_without_replacement_small_untried_mass_keeps_relative_accuracy():
+    """A peaked draft: the first sibling's token holds all but 1e-5 of q, whose float32 row
+    sums to 1 - 1.2e-7. The law the second sibling was drawn from is q on the other tokens
+    over their mass z = 1e-5; computing z as 1 - q(x0) (or sum(q) - q(x0)) would be off by
+    ~1% there, the rule's untried-mass sums (nonnegative terms only) keep float32 accuracy.
+    Checked against the rule evaluated in float64 with numpy."""
+    v = 1000
+    rng = np.random.default_rng(0)
+    q = np.zeros(v, np.float32)
+    q[1:] = rng.random(v - 1).astype(np.float32)
+    q[1:] *= np.float32(1e-5) / q[1:].sum()
+    q[0] = np.float32(1) - q[1:].sum()
+    assert abs(float(q.sum(dtype=np.float32)) - 1) > 5e-8  # the row's sum is off from 1
+    p = rng.random(v).astype(np.float32)
+    p /= p.sum()
+    xs = [0, 5, 7]
+
+    def rule64(p, q, xs):  # the rule at one row, float64, residual and q_k kept as vectors
+        r, q_left, out = p / p.sum(), q.astype(np.float64), []
+        for x in xs:
+            qk = q_left / q_left.sum()
+            out.append(min(1.0, r[x] / qk[x]))
+            res = np.maximum(r - qk, 0.0)
+            r = res / res.sum()
+            q_left = np.where(np.arange(v) == x, 0.0, q_left)
+        return np.array(out), r
+
+    want, want_res = rule64(p.astype(np.float64), q, xs)
+    assert 1e-4 < want[1] < 0.99  # the second sibling's test is not clipped: z matters
+    acc, res = accept_probabilities([-1, -1, -1], jnp.array(xs), np.tile(p, (4, 1)), np.tile(q, (4, 1)),
+                                    scheme="without_replacement")
+    np.testing.assert_allclose(np.asarray(acc), want, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(res)[0], want_res, rtol=1e-4, atol=1e-9)
