@@ -35,8 +35,8 @@ Two evaluation orders of that one rule. A static tree with a row of >= 2 childre
 ``iid`` / ``without_replacement`` takes the *path walk* (:func:`_path_walk`): one step per
 depth (a static loop), each gathering the current row and judging its siblings there, so
 only the rows on the path are read over the vocabulary -- at most ``sum_d (K_d - 1)``
-rejection steps a round (one pass each, plus one per depth without replacement) instead of one per
-rejected sibling of every row (the uniforms decide which row each step reads; every lane
+rejection steps a round (one pass each, plus one per depth without replacement) instead
+of one per rejected sibling of every row (the uniforms decide which row each step reads; every lane
 still does the same work). Chains, the
 deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown at trace
 time) take the *all-rows* form (:func:`_walk` + :func:`_choose_path`, which follows the
@@ -161,8 +161,9 @@ def _structure(parents) -> _Structure:
 #
 # and then s <- sum(res) (one fused reduction over the vocabulary per row that still has
 # a sibling to judge; none for a chain; without replacement, the untried q-masses z of
-# every rank come from one more pass per row, see ``_untried_masses``). A rejection whose residual sums to 0 in float keeps the previous law instead;
-# for the last sibling of a row the emitted law falls back to the target row (``_row_law``).
+# every rank come from one more pass per row, see ``_untried_masses``). A rejection whose
+# residual sums to 0 in float keeps the previous law instead; for the last sibling of a
+# row the emitted law falls back to the target row (``_row_law``).
 # Both are events of probability 0 for drafts the scheme can produce. A draft it cannot
 # produce (without replacement: a repeated sibling token, or a q(x) = 0 token before q's
 # support is exhausted) is outside the contract: the result stays finite, but which of
@@ -458,7 +459,7 @@ def _untried_masses(kids, Q, rows):
         terms.append(jnp.where(new, _take(Q, rows, jnp.maximum(xj, 0)), 0.0))
     base = _sum_last(jnp.where(tried, 0.0, q_rows))  # [R], the one pass
     z_after = [None] * (k - 1)
-    later = jnp.zeros_like(base)  # sum of the terms of ranks > k
+    later = jnp.zeros_like(base)  # the sum of the terms of the ranks after r
     for r in reversed(range(k - 1)):
         z_after[r] = base + later
         later = later + terms[r]

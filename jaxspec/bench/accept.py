@@ -24,10 +24,11 @@ JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
 accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
 fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
 fraction_of_read_floor, sequential_rounds_per_s, speedup_vs_sequential,
-speedup_vs_sequential_turn_range}`` (rates and fractions from the medians over turns; a turn range
-is the lowest and highest value of a single turn); the headline figures (N = 8, V = 32,
-batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme, with both floors as
-ticks and the sequential walk as crosses, and below it the fraction of the RNG floor with the 0.5 target line.
+speedup_vs_sequential_turn_range}`` (rates and fractions from the medians over turns; a
+turn range is the lowest and highest value of a single turn); the headline figures (N = 8,
+V = 32, batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme,
+with both floors as ticks and the sequential walk as crosses, and below it the fraction of
+the RNG floor with the 0.5 target line.
 
     report = run("tiny")
     report["headline"]["accept_rounds_per_s"] > 0    # True
