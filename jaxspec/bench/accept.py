@@ -41,12 +41,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxspec
-from jaxspec.bench import common
 from jaxspec.acceptance import _ratio
+from jaxspec.bench import common
 from jaxspec.sampling import _sum_last, sample_categorical
+from jaxspec.tree import tree_children
 
 __all__ = ["NAME", "AcceptBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
 
@@ -150,12 +150,9 @@ def _sequential_fn(parents, scheme: str):
     tokens (tests/test_bench.py). Under ``vmap`` the loop runs until the slowest lane is
     done, each step a select over every lane's state: the cost the branch-free rule avoids.
     """
-    par = np.asarray(parents, np.int32)
-    n = par.shape[0]
-    kids = np.full((n + 1, n + 1), -1, np.int32)  # [row, rank] -> node, -1 past the last
-    for node, parent in enumerate(par.tolist()):
-        kids[parent + 1, np.count_nonzero(kids[parent + 1] >= 0)] = node
-    kids = jnp.asarray(kids)
+    n = len(parents)
+    # [row, rank] -> node; a -1 column more, so that rank = number of children reads "none"
+    kids = jnp.pad(tree_children(parents), ((0, 0), (0, 1)), constant_values=-1)  # [N + 1, N + 1]
 
     def one(key, toks, P, Q):
         key_accept, key_emit = jax.random.split(key)
