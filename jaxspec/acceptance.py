@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import SCHEMES, ROW_SUM_TOL, _check_scheme, _sum_last, check_key, sample_categorical
+from jaxspec.sampling import SCHEMES, _check_scheme, _sum_last, check_key, row_sum_tol, sample_categorical
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
 
@@ -648,11 +648,11 @@ def accept_probabilities(parents, tokens, target_probs, draft_probs, *, scheme: 
     Returns ``(accept_prob float32[N], residual float32[N + 1, V])``: ``accept_prob[j]`` is
     the probability that node j is accepted *given that it is tried*; ``residual[r]`` is
     the law emitted at row r when all of its children are rejected (for a leaf row,
-    the row itself: the bonus law), normalized. Pure and jit-safe; only ``scheme`` is
-    validated (a static choice). (The rule itself evaluates only the one residual row it
-    emits from.)
+    the row itself: the bonus law), normalized. Pure and jit-safe; the inputs are
+    validated like :func:`speculative_accept`'s (shapes and dtypes always, values when
+    concrete). (The rule itself evaluates only the one residual row it emits from.)
     """
-    _check_scheme(scheme)
+    _check_inputs(parents, tokens, target_probs, draft_probs, scheme)
     st = _structure(parents)
     tokens = jnp.asarray(tokens, jnp.int32)
     P = jnp.asarray(target_probs, jnp.float32)
@@ -880,8 +880,7 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
         par = _tree.validate_parents(parents)
         n = par.shape[0]
     else:
-        if parents.ndim != 1:
-            raise ValueError(f"parents: expected shape [N], got {parents.shape}")
+        _tree.check_traced_parents(parents)
         par = None
         n = parents.shape[0]
     tok_shape = np.shape(tokens)
@@ -916,7 +915,9 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
     ):
         if not _tree.is_concrete(arr):
             continue
-        a = np.asarray(arr, np.float64)
+        a = np.asarray(arr)
+        tol = row_sum_tol(a.dtype)
+        a = a.astype(np.float64)
         if rows is not None:
             a_rows, idx = a[rows], rows
         else:
@@ -925,12 +926,12 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
             r = int(idx[np.flatnonzero(~np.all(np.isfinite(a_rows) & (a_rows >= 0), axis=1))[0]])
             raise ValueError(f"{name}[{r}]: expected finite, nonnegative probabilities")
         sums = a_rows.sum(axis=1)
-        off = np.flatnonzero(np.abs(sums - 1.0) > ROW_SUM_TOL)
+        off = np.flatnonzero(np.abs(sums - 1.0) > tol)
         if off.size:
             r = int(idx[off[0]])
             raise ValueError(
                 f"{name}[{r}] sums to {sums[off[0]]:.6g}; expected each row to sum to 1 "
-                f"(tolerance {ROW_SUM_TOL})"
+                f"(tolerance {tol:g})"
             )
 
 

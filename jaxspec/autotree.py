@@ -562,6 +562,8 @@ def auto_tree(
     max_depth = _check_pos("max_depth", max_depth)
     if scheme != "deterministic" and key is None:
         raise ValueError(f"key: scheme={scheme!r} draws siblings at random; pass a jax.random.key")
+    if key is not None:
+        key = sampling.check_key(key)
     if scheme != "iid" and budgets[-1] > v:
         raise ValueError(f"budgets: {budgets[-1]} nodes could need more than vocab_size = {v} distinct "
                          f"siblings under scheme={scheme!r}; expected budgets <= {v}")

@@ -54,6 +54,8 @@ def init_cache(config: ModelConfig, batch_size: int, capacity: int, dtype=None) 
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"init_cache: {name} = {v!r}; expected a positive integer")
     dtype = config.param_dtype if dtype is None else jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"init_cache: dtype = {dtype}; expected a floating dtype (float32, bfloat16, ...)")
     shape = (config.num_hidden_layers, batch_size, capacity, config.num_key_value_heads, config.head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),

@@ -16,6 +16,7 @@ num_attention_heads`` and ``num_attention_heads``), so equal models compare equa
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,10 +100,12 @@ class ModelConfig:
                 "embeddings rotate pairs of dimensions)"
             )
 
-        for name in ("rope_theta", "rms_norm_eps"):
+        for name, top in (("rope_theta", math.inf), ("rms_norm_eps", 1.0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not v > 0:
-                raise ValueError(f"ModelConfig.{name} = {v!r}: expected a positive number")
+            if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                    or not (0 < v < top) or not math.isfinite(v)):
+                want = "a finite positive number" if top == math.inf else f"a number in (0, {top:g})"
+                raise ValueError(f"ModelConfig.{name} = {v!r}: expected {want}")
             set_(name, float(v))
 
         for name in ("tie_word_embeddings", "attention_bias"):

@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxspec.cache import KVCache, advance, init_cache
 from jaxspec.config import ModelConfig
 from jaxspec.masks import causal_cache_mask
+from jaxspec.tree import is_concrete
 
 __all__ = [
     "RMSNorm",
@@ -262,15 +264,24 @@ def init_model(config: ModelConfig, key: jax.Array) -> Transformer:
     return Transformer(config, rngs=nnx.Rngs(params=key))
 
 
+def _check_token_ids(fn: str, name: str, tokens, ndim: int, shape: str) -> jax.Array:
+    """``tokens`` as a jnp array: ``ndim`` dimensions and an integer dtype (known under
+    ``jit`` too), else ``ValueError`` naming ``fn`` and ``name``."""
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != ndim:
+        raise ValueError(f"{fn}: {name}.shape = {tokens.shape}; expected {shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{fn}: {name}.dtype = {tokens.dtype}; expected integer token ids")
+    return tokens
+
+
 def forward_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
     """Reference causal forward without a cache: ``int32[B, T]`` -> float32 ``[B, T, V]``.
 
     Positions ``arange(T)``, causal mask over the T tokens; same layer math as
     ``Transformer.__call__`` but none of the cache plumbing.
     """
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"forward_logits: tokens.shape = {tokens.shape}; expected [B, T]")
+    tokens = _check_token_ids("forward_logits", "tokens", tokens, 2, "[B, T]")
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))  # [B, T, T]
@@ -290,15 +301,19 @@ def prefill(
     and a fresh cache of ``capacity`` slots with ``cache.lengths = lengths``. Slots past a
     row's length hold padding K/V that later masks exclude.
     """
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"prefill: tokens.shape = {tokens.shape}; expected [B, T]")
+    tokens = _check_token_ids("prefill", "tokens", tokens, 2, "[B, T]")
     b, t = tokens.shape
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < t:
         raise ValueError(f"prefill: capacity = {capacity!r}; expected an int >= T = {t}")
+    if np.shape(lengths) != (b,):
+        raise ValueError(f"prefill: lengths.shape = {np.shape(lengths)}; expected [B] = ({b},)")
+    if is_concrete(lengths):
+        lens = np.asarray(lengths)
+        bad = np.flatnonzero((lens < 0) | (lens > t))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"prefill: lengths[{i}] = {lens[i]}; expected a prompt length in [0, T = {t}]")
     lengths = jnp.asarray(lengths, jnp.int32)
-    if lengths.shape != (b,):
-        raise ValueError(f"prefill: lengths.shape = {lengths.shape}; expected [B] = ({b},)")
     cache = init_cache(model.config, b, capacity, cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     mask = causal_cache_mask(cache.lengths, t, capacity)  # [B, T, S]
@@ -311,9 +326,17 @@ def decode_step(model: Transformer, cache: KVCache, token: jax.Array) -> tuple[j
 
     Returns float32 logits ``[B, V]`` (the law of the next token) and the advanced cache.
     """
-    token = jnp.asarray(token)
+    token = _check_token_ids("decode_step", "token", token, 1, "[B]")
     if token.shape != cache.lengths.shape:
         raise ValueError(f"decode_step: token.shape = {token.shape}; expected [B] = {cache.lengths.shape}")
+    if is_concrete(cache.lengths):
+        full = np.flatnonzero(np.asarray(cache.lengths) >= cache.capacity)
+        if full.size:
+            i = int(full[0])
+            raise ValueError(
+                f"decode_step: cache.lengths[{i}] = {int(cache.lengths[i])}: the cache is full "
+                f"(capacity {cache.capacity}); expected lengths < capacity (prefill with a larger capacity)"
+            )
     positions = cache.lengths[:, None]  # [B, 1]
     mask = causal_cache_mask(cache.lengths, 1, cache.capacity)  # [B, 1, S]
     logits, cache = model(token[:, None], positions, cache, mask)

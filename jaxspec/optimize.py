@@ -382,11 +382,12 @@ def _check_scheme_rank(scheme, max_rank, v: int) -> int:
     return max_rank
 
 
-def _check_draws(scheme, key, num_draws) -> int:
+def _check_draws(scheme, key, num_draws) -> tuple[int, jax.Array | None]:
+    """``(num_draws, key)`` checked: the key as a typed key (None allowed under deterministic)."""
     num_draws = _check_positive_int("num_draws", num_draws)
     if scheme != "deterministic" and key is None:
         raise ValueError(f"key: scheme={scheme!r} draws siblings at random; pass a jax.random.key")
-    return num_draws
+    return num_draws, None if key is None else sampling.check_key(key)
 
 
 def _keys(key, chunk: int, m: int, num_draws: int):
@@ -422,7 +423,7 @@ def positional_acceptance(
     if Q.shape != P.shape:
         raise ValueError(f"draft_probs: expected shape {P.shape} like target_probs, got {Q.shape}")
     max_rank = _check_scheme_rank(scheme, max_rank, P.shape[1])
-    num_draws = _check_draws(scheme, key, num_draws)
+    num_draws, key = _check_draws(scheme, key, num_draws)
     chunk_size = _check_positive_int("chunk_size", chunk_size)
     mom = _Moments(max_rank)
     for c, start in enumerate(range(0, P.shape[0], chunk_size)):
@@ -437,8 +438,13 @@ def positional_acceptance(
     return mom.result()
 
 
-def _warp_key(temperature, top_k, top_p) -> tuple:
-    sampling.validate_warp_args(temperature, top_k, top_p)
+def _warp_key(temperature, top_k, top_p, prefix: str = "") -> tuple:
+    """The static warp as a hashable key; errors name the argument with ``prefix``
+    (``draft_`` for the draft's warp)."""
+    try:
+        sampling.validate_warp_args(temperature, top_k, top_p)
+    except ValueError as e:
+        raise ValueError(f"{prefix}{e}") from None
     return (
         ("temperature", float(temperature)),
         ("top_k", None if top_k is None else int(top_k)),
@@ -509,13 +515,14 @@ def measure_acceptance(
             f"tokens: expected token ids in [0, {v}), got range [{tok.min()}, {tok.max()}]"
         )
     max_rank = _check_scheme_rank(scheme, max_rank, v)
-    num_draws = _check_draws(scheme, key, num_draws)
+    num_draws, key = _check_draws(scheme, key, num_draws)
     batch_size = _check_positive_int("batch_size", batch_size)
     target_warp = _warp_key(temperature, top_k, top_p)
     draft_warp = _warp_key(
         *sampling.draft_warp_args(
             scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-        )
+        ),
+        prefix="draft_",
     )
     tok = tok.astype(np.int32)
     b, t = tok.shape

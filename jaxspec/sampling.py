@@ -114,6 +114,15 @@ def check_key(key):
     )
 
 
+def _real_number(x) -> float:
+    """``float(x)`` for a real number (a Python or numpy number, a 0-d array); a string,
+    a bool or anything else ``float`` would coerce -> ``TypeError``."""
+    if isinstance(x, (str, bytes, bool, np.bool_)) or (hasattr(x, "dtype") and (
+            jnp.issubdtype(x.dtype, jnp.bool_) or not jnp.issubdtype(x.dtype, jnp.number))):
+        raise TypeError(f"not a real number: {x!r}")
+    return float(x)
+
+
 def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
     """Check concrete warp arguments; traced ``temperature``/``top_p`` are skipped.
 
@@ -124,7 +133,7 @@ def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
     """
     if not _is_traced(temperature):
         try:
-            t = float(temperature)
+            t = _real_number(temperature)
         except (TypeError, ValueError):
             raise ValueError(
                 f"temperature: expected a finite number >= 0 (0 means greedy), got {temperature!r}"
@@ -138,7 +147,7 @@ def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
             raise ValueError(f"top_k: expected None or a static Python int >= 1, got {top_k!r}")
     if top_p is not None and not _is_traced(top_p):
         try:
-            p = float(top_p)
+            p = _real_number(top_p)
         except (TypeError, ValueError):
             raise ValueError(f"top_p: expected None or a number in (0, 1], got {top_p!r}") from None
         if not (0.0 < p <= 1.0):  # also rejects NaN
@@ -209,7 +218,8 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
 
     * ``temperature == 0``: greedy, a one-hot at the argmax (ties -> lowest index).
       Python floats branch statically; a traced temperature selects with ``jnp.where``.
-    * ``top_k`` (static int): exactly k tokens kept, boundary ties -> lowest index. The
+    * ``top_k`` (static int): exactly ``min(k, V)`` tokens kept (a ``k >= V`` keeps
+      every token, as Hugging Face's top-k does), boundary ties -> lowest index. The
       ranking uses the raw float32 logits (a positive temperature does not change the
       order in exact arithmetic, and dividing first could round distinct logits together).
     * ``top_p``: applied to the renormalized top-k law (:func:`top_p_mask`).
@@ -267,8 +277,17 @@ def _clean(probs):
 _ONE_LEVEL_MAX_V = 64
 
 #: tolerance for "rows sum to 1" when probability rows are checked outside jit (the draws
-#: here and :func:`jaxspec.speculative_accept`)
+#: here and :func:`jaxspec.speculative_accept`); see :func:`row_sum_tol` for low precision
 ROW_SUM_TOL = 1e-3
+
+
+def row_sum_tol(dtype) -> float:
+    """The row-sum tolerance for rows stored in ``dtype``: :data:`ROW_SUM_TOL`, or the
+    dtype's machine epsilon when that is coarser (a bfloat16 row of a law sums to 1 only
+    within a few of its ulps: 2**-7 for bfloat16)."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return ROW_SUM_TOL
+    return max(ROW_SUM_TOL, float(jnp.finfo(dtype).eps))
 
 _HIGHEST = lax.Precision.HIGHEST  # exact f32 sums on every backend (no bf16 / TF32 passes)
 
@@ -378,10 +397,17 @@ def sample_categorical(key, probs):
     """int32[...]: one exact draw per row of (possibly unnormalized) ``probs`` [..., V].
 
     One uniform per draw, inverse CDF in float32. Never returns a zero-probability token
-    and never NaNs; a row summing to 0 returns index 0.
+    and never NaNs; a row summing to 0 returns index 0. Concrete ``probs`` must be finite
+    and nonnegative (``ValueError`` otherwise; traced ones are not checked).
 
         >>> sample_categorical(jax.random.key(0), jnp.array([0., 2., 0., 1.]))  # 1 or 3
     """
+    key = check_key(key)
+    if np.ndim(probs) == 0 or np.shape(probs)[-1] == 0:
+        raise ValueError(
+            f"probs: expected an array with a vocabulary axis [..., V], V >= 1, got shape {np.shape(probs)}"
+        )
+    _check_law_values(probs, "probs", normalized=False)
     p = jnp.asarray(probs, jnp.float32)
     u = jax.random.uniform(key, p.shape[:-1], jnp.float32)
     return _inverse_cdf(u, p)
@@ -392,7 +418,7 @@ def sample_categorical(key, probs):
 
 def _check_row(probs, n: int, *, distinct: bool):
     """The draft row as float32[V]: shape and ``n`` always; when the row is concrete,
-    finite, nonnegative entries summing to 1 within :data:`ROW_SUM_TOL`
+    finite, nonnegative entries summing to 1 within :func:`row_sum_tol`
     (the tolerance :func:`~jaxspec.acceptance.speculative_accept` checks its rows with).
     Traced rows (drafting under ``jit``/``vmap``) pass unvalidated."""
     p = jnp.asarray(probs, jnp.float32)
@@ -404,21 +430,53 @@ def _check_row(probs, n: int, *, distinct: bool):
         raise ValueError(
             f"n: expected at most V={p.shape[0]} distinct siblings for this scheme, got {n}"
         )
-    if not _is_traced(p):
-        a = np.asarray(p, np.float64)
-        bad = ~(np.isfinite(a) & (a >= 0))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"probs[{i}] = {float(a[i])!r}: expected finite, nonnegative probabilities"
-            )
-        total = float(a.sum())
-        if abs(total - 1.0) > ROW_SUM_TOL:
-            raise ValueError(
-                f"probs sums to {total:.6g}; expected a draft row summing to 1 "
-                f"(tolerance {ROW_SUM_TOL})"
-            )
+    _check_law_values(probs, "probs", normalized=True)
     return p
+
+
+def _check_law_values(probs, name: str, *, normalized: bool) -> None:
+    """Concrete ``probs`` [..., V]: finite and nonnegative, and with ``normalized`` each
+    row summing to 1 within :func:`row_sum_tol` of its dtype; ``ValueError`` naming
+    ``name``, the entry and the value. Traced values are not checked."""
+    if _is_traced(probs):
+        return
+    a = np.asarray(probs)
+    tol = row_sum_tol(a.dtype)
+    a = a.astype(np.float64)
+    bad = ~(np.isfinite(a) & (a >= 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise ValueError(
+            f"{name}{_index(a.shape, i)} = {float(a.ravel()[i])!r}: expected finite, "
+            "nonnegative probabilities"
+        )
+    if normalized:
+        sums = a.sum(axis=-1).reshape(-1)
+        off = np.flatnonzero(np.abs(sums - 1.0) > tol)
+        if off.size:
+            where = "" if a.ndim == 1 else _index(a.shape[:-1], int(off[0]))
+            raise ValueError(
+                f"{name}{where} sums to {sums[off[0]]:.6g}; expected a law summing to 1 "
+                f"(tolerance {tol:g})"
+            )
+
+
+def _check_tokens(tokens, v: int, name: str = "tokens") -> jax.Array:
+    """``tokens`` as int32[n]: 1-D and of an integer dtype always, ids in ``[0, v)`` when
+    concrete; ``ValueError`` naming ``name`` otherwise."""
+    shape = np.shape(tokens)
+    dtype = tokens.dtype if hasattr(tokens, "dtype") else np.asarray(tokens).dtype
+    if len(shape) != 1:
+        raise ValueError(f"{name}: expected a 1-D array of token ids int32[n], got shape {shape}")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{name}: expected an integer dtype, got {dtype}")
+    if not _is_traced(tokens):
+        t = np.asarray(tokens)
+        bad = np.flatnonzero((t < 0) | (t >= v))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name}[{i}] = {int(t[i])}: expected a token id in [0, {v})")
+    return jnp.asarray(tokens, jnp.int32)
 
 
 def _check_scheme(scheme):
@@ -431,7 +489,9 @@ def sibling_laws(probs, tokens, scheme: str):
     """float32[n, V]: the law ``q_k`` each sibling ``tokens[k]`` was drawn from.
 
     This is the one definition shared by the draws below and the acceptance rule.
-    ``probs`` float32[V] is the draft row, ``tokens`` int32[n] the siblings in order.
+    ``probs`` float32[V] is the draft row, ``tokens`` int32[n] the siblings in order
+    (``ValueError`` for other shapes or dtypes, and for concrete rows that are not a law
+    or concrete tokens outside ``[0, V)``).
 
     * ``iid``: every law is ``probs`` itself (bit-for-bit).
     * ``without_replacement``: ``q_0 = probs`` (bit-for-bit); for k >= 1, ``probs`` with
@@ -445,8 +505,15 @@ def sibling_laws(probs, tokens, scheme: str):
         q_0 = [.5, .3, .2, 0],  q_1 = [5/7, 0, 2/7, 0],  q_2 = [0, 0, 1, 0]
     """
     _check_scheme(scheme)
+    if np.ndim(probs) != 1 or np.shape(probs)[0] == 0:
+        raise ValueError(f"probs: expected a 1-D draft row float32[V], V >= 1, got shape {np.shape(probs)}")
+    _check_law_values(probs, "probs", normalized=True)
     p = jnp.asarray(probs, jnp.float32)  # [V]
-    tokens = jnp.asarray(tokens, jnp.int32)  # [n]
+    return _sibling_laws(p, _check_tokens(tokens, p.shape[0]), scheme)
+
+
+def _sibling_laws(p, tokens, scheme: str):
+    """:func:`sibling_laws` of checked ``p: float32[V]``, ``tokens: int32[n]``."""
     v, n = p.shape[-1], tokens.shape[0]
     onehot = jax.nn.one_hot(tokens, v, dtype=jnp.float32)  # [n, V]
     if scheme == "iid":
@@ -472,10 +539,11 @@ def draw_iid(key, probs, n: int):
     Every law equals ``probs``. One uniform per draw (:func:`sample_categorical`).
     A concrete row is checked as in :func:`draw`.
     """
+    key = check_key(key)
     p = _check_row(probs, n, distinct=False)
     u = jax.random.uniform(key, (n,), jnp.float32)
     tokens = _inverse_cdf(u, p)  # one cdf, n uniforms -> [n]
-    return tokens, sibling_laws(p, tokens, "iid")
+    return tokens, _sibling_laws(p, tokens, "iid")
 
 
 def draw_without_replacement(key, probs, n: int):
@@ -492,6 +560,7 @@ def draw_without_replacement(key, probs, n: int):
     probability ``p(x)``: still lossless.) Requires ``n <= V``; a concrete row is checked
     as in :func:`draw`.
     """
+    key = check_key(key)
     p = _check_row(probs, n, distinct=True)
     v = p.shape[0]
     pc = _clean(p)
@@ -507,7 +576,7 @@ def draw_without_replacement(key, probs, n: int):
     k = jnp.arange(n)
     fill = zeros_in_order[jnp.clip(k - m, 0, n - 1)]
     tokens = jnp.where(k < m, top, fill).astype(jnp.int32)
-    return tokens, sibling_laws(p, tokens, "without_replacement")
+    return tokens, _sibling_laws(p, tokens, "without_replacement")
 
 
 def draw_deterministic(probs, n: int):
@@ -518,7 +587,7 @@ def draw_deterministic(probs, n: int):
     """
     p = _check_row(probs, n, distinct=True)
     tokens = lax.top_k(_clean(p), n)[1].astype(jnp.int32)  # lower index first on ties
-    return tokens, sibling_laws(p, tokens, "deterministic")
+    return tokens, _sibling_laws(p, tokens, "deterministic")
 
 
 def draw(key, probs, n: int, scheme: str):
@@ -526,7 +595,7 @@ def draw(key, probs, n: int, scheme: str):
     :func:`draw_deterministic` (which ignores ``key``). ``scheme`` must be static.
 
     A concrete ``probs`` row must be a law: finite, nonnegative, summing to 1 within
-    :data:`ROW_SUM_TOL` (else ``ValueError``); traced rows are not checked.
+    :func:`row_sum_tol` (else ``ValueError``); traced rows are not checked.
     """
     _check_scheme(scheme)
     if scheme == "iid":

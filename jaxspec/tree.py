@@ -76,7 +76,7 @@ def validate_parents(parents, *, name: str = "parents") -> np.ndarray:
     if arr.shape[0] == 0:
         raise ValueError(f"{name}: expected at least one node, got an empty array")
     if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.all(np.floor(arr) == arr):
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(np.floor(arr) == arr):
             arr = arr.astype(np.int64)
         else:
             raise ValueError(f"{name}: expected integer parent indices, got dtype {arr.dtype}")
@@ -92,10 +92,24 @@ def validate_parents(parents, *, name: str = "parents") -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def check_traced_parents(parents, *, name: str = "parents") -> None:
+    """What can be checked of a traced parents array: its shape and dtype (known under
+    ``jit``); its values cannot be. ``ValueError`` naming ``name`` otherwise."""
+    shape, dtype = jnp.shape(parents), jnp.result_type(parents)
+    if len(shape) != 1:
+        raise ValueError(f"{name}: expected a 1-D array of parent indices, got shape {shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{name}: expected at least one node, got an empty array")
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{name}: expected integer parent indices, got dtype {dtype}")
+
+
 def _as_parents(parents) -> jax.Array:
-    """Validate when concrete, then return an int32 jnp array."""
+    """Validate when concrete (shape and dtype only when traced), then return an int32
+    jnp array."""
     if is_concrete(parents):
         return jnp.asarray(validate_parents(parents))
+    check_traced_parents(parents)
     return jnp.asarray(parents, dtype=jnp.int32)
 
 

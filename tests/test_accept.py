@@ -441,3 +441,45 @@ def test_without_replacement_small_untried_mass_keeps_relative_accuracy():
                                     scheme="without_replacement")
     np.testing.assert_allclose(np.asarray(acc), want, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(np.asarray(res)[0], want_res, rtol=1e-4, atol=1e-9)
+
+
+def test_accept_probabilities_validates_like_the_rule():
+    p = jnp.full((3, 4), 0.25)
+    cases = [
+        (dict(tokens=jnp.array([0])), r"tokens: expected shape \(2,\) to match parents, got \(1,\)"),
+        (dict(tokens=jnp.array([0.9, 1.9])), r"tokens: expected an integer dtype, got float32"),
+        (dict(target_probs=p.at[0, 0].set(jnp.nan)), r"target_probs\[0\]: expected finite, nonnegative"),
+        (dict(draft_probs=jnp.full((3, 5), 0.2)), "draft_probs: vocabulary size 5 differs from target_probs' 4"),
+    ]
+    for change, match in cases:
+        args = dict(tokens=jnp.array([0, 1]), target_probs=p, draft_probs=p) | change
+        with pytest.raises(ValueError, match=match):
+            accept_probabilities([-1, 0], args["tokens"], args["target_probs"], args["draft_probs"], scheme="iid")
+        with pytest.raises(ValueError, match=match):
+            speculative_accept(jax.random.key(0), [-1, 0], args["tokens"], args["target_probs"],
+                               args["draft_probs"], scheme="iid")
+
+
+@pytest.mark.parametrize("parents, match", [
+    (jnp.array([-1.0, 0.0]), r"parents: expected integer parent indices, got dtype float32"),
+    (jnp.array([[-1, 0]]), r"parents: expected a 1-D array of parent indices, got shape \(1, 2\)"),
+    (jnp.zeros((0,), jnp.int32), "parents: expected at least one node, got an empty array"),
+])
+def test_traced_parents_are_checked_for_shape_and_dtype(parents, match):
+    """Under jit the values of parents are data, but its shape and dtype are known."""
+    n = max(parents.shape[-1], 1)
+    p = jnp.full((n + 1, 4), 0.25)
+    toks = jnp.zeros((parents.shape[-1],), jnp.int32)
+    with pytest.raises(ValueError, match=match):
+        jax.jit(lambda pa: speculative_accept(jax.random.key(0), pa, toks, p, p, scheme="iid"))(parents)
+
+
+def test_low_precision_rows_are_checked_at_their_own_precision():
+    """bfloat16 rows of a law sum to 1 only within bfloat16's epsilon (2**-7)."""
+    p = jnp.tile(jnp.array([0.1, 0.2, 0.3, 0.4], jnp.bfloat16), (3, 1))
+    assert abs(float(jnp.sum(p[0].astype(jnp.float32))) - 1) > 1e-3
+    r = speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]), p, p, scheme="iid")
+    assert int(r.num_tokens) >= 1
+    with pytest.raises(ValueError, match=r"target_probs\[0\] sums to 1\.1.*tolerance 0\.0078125"):
+        speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]),
+                           p.at[0, 0].set(0.2), p, scheme="iid")

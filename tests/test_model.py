@@ -334,6 +334,8 @@ def test_forward_shape_errors_name_the_argument(model):
         (dict(dtype="float16"), "dtype"),
         (dict(rope_theta=0.0), "rope_theta"),
         (dict(rms_norm_eps=-1.0), "rms_norm_eps"),
+        (dict(rope_theta=float("inf")), "rope_theta"),
+        (dict(rms_norm_eps=1e300), "rms_norm_eps"),  # every logit would be 0
         (dict(tie_word_embeddings="yes"), "tie_word_embeddings"),
     ],
 )
@@ -360,3 +362,21 @@ def test_config_defaults_and_dict_roundtrip():
     with pytest.raises(dataclasses.FrozenInstanceError):
         CFG.vocab_size = 9
     hash(CFG)
+
+
+def test_entry_points_name_bad_tokens_lengths_and_a_full_cache():
+    model = init_model(CFG, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"forward_logits: tokens.dtype = float32; expected integer token ids"):
+        forward_logits(model, jnp.zeros((1, 3), jnp.float32))
+    with pytest.raises(ValueError, match=r"prefill: tokens.dtype = float32"):
+        prefill(model, jnp.zeros((1, 3), jnp.float32), jnp.array([3]), capacity=4)
+    with pytest.raises(ValueError, match=r"prefill: lengths\[0\] = 5; expected a prompt length in \[0, T = 2\]"):
+        prefill(model, jnp.array([[1, 2]]), jnp.array([5]), capacity=4)
+    _, cache = prefill(model, jnp.array([[1, 2]]), jnp.array([2]), capacity=3)
+    with pytest.raises(ValueError, match=r"decode_step: token.dtype = float32"):
+        decode_step(model, cache, jnp.array([1.0]))
+    _, cache = decode_step(model, cache, jnp.array([3]))  # fills the third and last slot
+    with pytest.raises(ValueError, match=r"decode_step: cache.lengths\[0\] = 3: the cache is full \(capacity 3\)"):
+        decode_step(model, cache, jnp.array([4]))
+    with pytest.raises(ValueError, match=r"init_cache: dtype = int8; expected a floating dtype"):
+        init_cache(CFG, 1, 4, dtype="int8")

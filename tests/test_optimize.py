@@ -355,6 +355,18 @@ def test_measure_validation(pair):
     with pytest.raises(ValueError, match="temperature"):
         measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="deterministic",
                            temperature=-1.0)
+    # the draft's warp is named as the draft's, not as the target's
+    with pytest.raises(ValueError, match=r"^draft_temperature: expected a finite number >= 0"):
+        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=jax.random.key(0),
+                           draft_temperature=-1.0)
+    with pytest.raises(ValueError, match=r"^draft_top_k: expected None or a static Python int"):
+        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=jax.random.key(0),
+                           draft_top_k=0)
+    with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
+        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=0)
+    with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
+        positional_acceptance(np.ones((2, 4)) / 4, np.ones((2, 4)) / 4, max_rank=1, scheme="iid",
+                              key=jax.random.split(jax.random.key(0), 2))
     with pytest.raises(ValueError, match="draft: vocab_size = 9"):
         cfg9 = ModelConfig(vocab_size=9, hidden_size=16, intermediate_size=32,
                            num_hidden_layers=1, num_attention_heads=2)

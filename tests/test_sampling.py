@@ -184,11 +184,13 @@ def test_sample_categorical_edge_cases():
     assert int(inv(jnp.float32(0.0), probs)) == 1
     assert int(inv(jnp.float32(np.nextafter(np.float32(1), np.float32(0))), probs)) == 3
     assert int(inv(jnp.float32(1.0), probs)) == 3  # clamp to the last positive token
-    # total 0 -> lowest index; NaN / negative entries never chosen, never NaN
+    # total 0 -> lowest index; traced NaN / negative entries (concrete ones raise) never
+    # chosen, never NaN
     assert int(sample_categorical(jax.random.key(0), jnp.zeros(5))) == 0
     weird = jnp.array([jnp.nan, -1.0, 0.0, 2.0, 0.0])
     keys = jax.random.split(jax.random.key(3), 1000)
-    assert np.all(np.asarray(jax.vmap(sample_categorical, in_axes=(0, None))(keys, weird)) == 3)
+    draws = jax.jit(jax.vmap(sample_categorical, in_axes=(0, None)))(keys, weird)
+    assert np.all(np.asarray(draws) == 3)
 
 
 def test_sample_categorical_never_picks_zero_sparse_large_vocab():
@@ -418,7 +420,7 @@ BAD_ROWS = [
     ([0.5, np.nan, 0.25, 0.25], r"probs\[1\] = nan: expected finite, nonnegative probabilities"),
     ([0.5, -0.25, 0.5, 0.25], r"probs\[1\] = -0.25: expected finite, nonnegative probabilities"),
     ([0.5, np.inf, 0.0, 0.0], r"probs\[1\] = inf: expected finite"),
-    ([1.0, 1.0, 1.0, 1.0], r"probs sums to 4; expected a draft row summing to 1 \(tolerance 0.001\)"),
+    ([1.0, 1.0, 1.0, 1.0], r"probs sums to 4; expected a law summing to 1 \(tolerance 0.001\)"),
     ([0.0, 0.0, 0.0, 0.0], r"probs sums to 0; expected"),
 ]
 
@@ -437,7 +439,7 @@ def test_draws_reject_bad_concrete_rows(scheme, row, match):
 
 @pytest.mark.parametrize("scheme", sampling.SCHEMES)
 def test_draws_row_tolerance_and_traced_rows(scheme):
-    from jaxspec.acceptance import ROW_SUM_TOL as tol  # the tolerance speculative_accept uses
+    from jaxspec.sampling import ROW_SUM_TOL as tol  # the tolerance speculative_accept uses
 
     near = jnp.array([0.5, 0.25, 0.25 + tol / 2, 0.0])  # within tolerance: fine
     draw(jax.random.key(0), near, 2, scheme)
@@ -448,3 +450,86 @@ def test_draws_row_tolerance_and_traced_rows(scheme):
     keys = jax.random.split(jax.random.key(1), 2)
     tokens, laws = jax.jit(jax.vmap(lambda k, p: draw(k, p, 2, scheme)))(keys, bad)
     assert tokens.shape == (2, 2) and laws.shape == (2, 2, 4)
+
+
+# --------------------------------------------------------------------------- boundary checks
+
+
+@pytest.mark.parametrize("probs, match", [
+    (jnp.array(1.0), r"probs: expected an array with a vocabulary axis \[\.\.\., V\], V >= 1, got shape \(\)"),
+    (jnp.zeros((2, 0)), r"probs: expected an array with a vocabulary axis .* got shape \(2, 0\)"),
+    (jnp.array([np.nan, 0.0, 1.0]), r"probs\[0\] = nan: expected finite, nonnegative"),
+    (jnp.array([[0.5, 0.5], [0.5, -1.0]]), r"probs\[1, 1\] = -1\.0: expected finite, nonnegative"),
+])
+def test_sample_categorical_rejects_bad_rows(probs, match):
+    with pytest.raises(ValueError, match=match):
+        sample_categorical(jax.random.key(0), probs)
+
+
+def test_sample_categorical_and_draws_check_the_key():
+    row = jnp.array([0.5, 0.5])
+    for call in (lambda k: sample_categorical(k, row), lambda k: draw_iid(k, row, 1),
+                 lambda k: draw_without_replacement(k, row, 1)):
+        with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
+            call(0)
+        with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
+            call(jax.random.split(jax.random.key(0), 2))  # a batch of keys: vmap instead
+        call(jax.random.PRNGKey(0))  # a legacy uint32[2] key is fine
+
+
+@pytest.mark.parametrize("tokens, match", [
+    (jnp.array([1.9, 0.2]), r"tokens: expected an integer dtype, got float32"),
+    (1, r"tokens: expected a 1-D array of token ids int32\[n\], got shape \(\)"),
+    (jnp.array([7]), r"tokens\[0\] = 7: expected a token id in \[0, 3\)"),
+    (jnp.array([0, -1]), r"tokens\[1\] = -1: expected a token id in \[0, 3\)"),
+])
+def test_sibling_laws_rejects_bad_tokens(tokens, match):
+    with pytest.raises(ValueError, match=match):
+        sibling_laws(jnp.array([0.5, 0.3, 0.2]), tokens, "without_replacement")
+
+
+def test_sibling_laws_rejects_bad_rows_but_not_traced_ones():
+    with pytest.raises(ValueError, match=r"probs\[0\] = nan"):
+        sibling_laws(jnp.array([np.nan, 0.5, 0.5]), jnp.array([1, 0]), "without_replacement")
+    with pytest.raises(ValueError, match=r"probs: expected a 1-D draft row"):
+        sibling_laws(jnp.full((2, 2), 0.5), jnp.array([1]), "iid")
+    # traced rows and tokens are data (drafting under jit): shapes and dtypes only
+    laws = jax.jit(lambda p, t: sibling_laws(p, t, "without_replacement"))(
+        jnp.array([0.5, 0.3, 0.2]), jnp.array([1, 0]))
+    np.testing.assert_allclose(laws[1], [5 / 7, 0.0, 2 / 7], atol=1e-6)
+    with pytest.raises(ValueError, match="tokens: expected an integer dtype"):
+        jax.jit(lambda p, t: sibling_laws(p, t, "iid"))(jnp.array([0.5, 0.5]), jnp.array([0.0]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_p="0.5"), r"top_p: expected None or a number in \(0, 1\], got '0.5'"),
+    (dict(temperature="1"), r"temperature: expected a finite number >= 0 .*, got '1'"),
+    (dict(temperature=True), r"temperature: .*got True"),
+    (dict(top_p=np.bool_(True)), r"top_p: .*got np\.True_"),
+])
+def test_warp_arguments_must_be_numbers(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        warp_probs(jnp.zeros(4), **kwargs)
+    warp_probs(jnp.zeros(4), temperature=np.float32(0.5), top_p=np.array(0.9))  # numpy numbers are fine
+
+
+def test_top_k_at_least_vocab_keeps_every_token():
+    """Documented: exactly min(k, V) tokens are kept (k >= V is no truncation)."""
+    logits = jnp.log(jnp.array([0.1, 0.2, 0.3, 0.4]))
+    for k in (4, 10):
+        np.testing.assert_allclose(warp_probs(logits, top_k=k), [0.1, 0.2, 0.3, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(warp_probs(logits, top_k=3), [0.0, 2 / 9, 3 / 9, 4 / 9], rtol=1e-6)
+
+
+def test_row_sum_tolerance_follows_the_dtype():
+    from jaxspec.sampling import ROW_SUM_TOL, row_sum_tol
+
+    assert row_sum_tol(jnp.float32) == ROW_SUM_TOL == row_sum_tol(np.float64)
+    assert row_sum_tol(jnp.bfloat16) == 2.0 ** -7  # bfloat16's epsilon: coarser than 1e-3
+    assert row_sum_tol(jnp.float16) == ROW_SUM_TOL  # float16's epsilon 2**-10 < 1e-3
+    # a bfloat16 law off by more than 1e-3 after rounding is still a law
+    row = jnp.array([0.1, 0.2, 0.3, 0.4], jnp.bfloat16)
+    assert abs(float(jnp.sum(row.astype(jnp.float32))) - 1) > ROW_SUM_TOL
+    draw(jax.random.key(0), row, 2, "iid")
+    with pytest.raises(ValueError, match=r"sums to 1\.1.*tolerance 0\.0078125"):
+        draw(jax.random.key(0), jnp.array([0.2, 0.2, 0.3, 0.4], jnp.bfloat16), 2, "iid")

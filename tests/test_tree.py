@@ -158,3 +158,18 @@ def test_positions_committed_len_forms():
     np.testing.assert_array_equal(jaxspec.tree_positions([-1, 0], np.int64(1)), [1, 2])
     out = jax.jit(jaxspec.tree_positions, static_argnums=0)((-1, 0), jnp.array([0, 5]))
     np.testing.assert_array_equal(out, [[0, 1], [5, 6]])
+
+
+@pytest.mark.parametrize("fn", [T.tree_mask, T.tree_depths])
+def test_traced_parents_shape_and_dtype_are_checked(fn):
+    with pytest.raises(ValueError, match="parents: expected integer parent indices, got dtype float32"):
+        jax.jit(fn)(jnp.array([-1.0, 0.5, 0.9]))  # would silently truncate to [-1, 0, 0]
+    with pytest.raises(ValueError, match=r"parents: expected a 1-D array of parent indices, got shape \(1, 2\)"):
+        jax.jit(fn)(jnp.array([[-1, 0]]))
+    np.testing.assert_array_equal(jax.jit(T.tree_depths)(jnp.array([-1, 0, 0])), [1, 2, 2])
+
+
+def test_validate_parents_non_finite_float():
+    with pytest.raises(ValueError, match="parents: expected integer parent indices, got dtype float64"):
+        T.validate_parents([-1, float("inf")])
+    np.testing.assert_array_equal(T.validate_parents([-1.0, 0.0]), [-1, 0])  # integral floats are fine
