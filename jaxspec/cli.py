@@ -78,8 +78,10 @@ def arg_type(convert, ok, what: str):
 
 _positive_int = arg_type(int, lambda v: v >= 1, "a positive integer")
 _nonneg_int = arg_type(int, lambda v: v >= 0, "a non-negative integer")
-_positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a positive number")
-_nonneg_float = arg_type(float, lambda v: 0 <= v < float("inf"), "a non-negative number")
+# numbers the computation holds in float32: at most float32's largest finite number
+_F32_MAX = 3.4028234663852886e38  # float(numpy.finfo(numpy.float32).max), without importing numpy
+_positive_float = arg_type(float, lambda v: 0 < v <= _F32_MAX, "a positive number (at most 3.4e38)")
+_nonneg_float = arg_type(float, lambda v: 0 <= v <= _F32_MAX, "a non-negative number (at most 3.4e38)")
 _unit_float = arg_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 # --seed: jax.random.key keeps 32 bits of the seed (2**32 + s would give the key of s)
 _seed = arg_type(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
@@ -94,6 +96,8 @@ def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
     Raises :class:`CLIError` naming ``flag`` (``--out``, ``OUT_DIR``, ...) and ``path``;
     returns ``Path(path)``.
     """
+    if not str(path).strip():
+        raise CLIError(f"{flag} {str(path)!r}: expected a folder path, got an empty one")
     p = Path(path).expanduser()
     here = Path(os.path.abspath(p))
     anc = here
@@ -174,6 +178,7 @@ def _flag_names(message: str, args) -> str:
     flags = {f"ModelConfig.{field}": flag for field, flag in model.items()}
     flags.update(model)  # ModelConfig field names are distinctive enough to map bare
     flags.update({f"TrainConfig.{name}": name for name in vars(args)})
+    flags["stop_at"] = "stop_at"  # a train() / distill() argument, named bare in their messages
 
     def sub(m):
         flag = flags.get(m.group(0))
@@ -188,6 +193,8 @@ def _model_config(args):
     overrides = {field: getattr(args, flag) for flag, field in _MODEL_FLAGS.items() if getattr(args, flag) is not None}
     if args.tie_embeddings is not None:
         overrides["tie_word_embeddings"] = args.tie_embeddings
+    if "hidden_size" in overrides or "num_attention_heads" in overrides:
+        overrides["head_dim"] = None  # the presets' head_dim is hidden_size / heads: recompute it
     try:
         return dataclasses.replace(PRESETS[args.preset], **overrides)
     except ValueError as e:
@@ -237,8 +244,11 @@ def _train(p: argparse.ArgumentParser) -> Handler:
         _check_output_dirs(args)
         print(f"train: {mc.num_params():,} parameters; {tc.steps} steps of {tc.batch_size}x{tc.seq_len} tokens",
               file=sys.stderr)
-        r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
-                  export_dir=args.export, stop_at=args.stop_at)
+        try:
+            r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
+                      export_dir=args.export, stop_at=args.stop_at)
+        except ValueError as e:
+            raise CLIError(_flag_names(str(e), args)) from None
         if r.final_dir is None:
             return _stopped(r)
         last = r.history[-1]
@@ -253,23 +263,28 @@ def _train(p: argparse.ArgumentParser) -> Handler:
 def _distill(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--target", default="default-target", help="target model name or folder (default: default-target)")
     p.add_argument("--init", help="start the draft from this model (name or folder) instead of a random init")
-    p.add_argument("--max-compute-ratio", type=_positive_float, default=1 / 8,
-                   help="refuse drafts costing more than this fraction of the target's FLOPs per token (default: 1/8)")
+    p.add_argument("--max-compute-ratio", type=_positive_float, default=0.125,
+                   help="refuse drafts costing more than this fraction of the target's FLOPs per token (default: 0.125)")
     _add_model_args(p, "draft")
     _add_train_args(p)
 
     def run(args) -> int:
-        from jaxspec.checkpoint import load_model
         from jaxspec.train import distill
 
         mc = _model_config(args)
         tc = _train_config(args, mc)
         _check_output_dirs(args)
-        target = load_model(args.target)
-        init = load_model(args.init) if args.init else None
-        r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
-                    progress=not args.no_progress, export_dir=args.export, init_draft=init,
-                    max_compute_ratio=args.max_compute_ratio, stop_at=args.stop_at)
+        target = _load_flag_model("--target", args.target)
+        init = _load_flag_model("--init", args.init) if args.init else None
+        try:
+            r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
+                        progress=not args.no_progress, export_dir=args.export, init_draft=init,
+                        max_compute_ratio=args.max_compute_ratio, stop_at=args.stop_at)
+        except ValueError as e:
+            msg = _flag_names(str(e), args)
+            if "per-token FLOPs" in msg:
+                msg += " (--max-compute-ratio)"
+            raise CLIError(msg) from None
         if r.final_dir is None:
             return _stopped(r)
         print(json.dumps({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
@@ -282,8 +297,19 @@ def _distill(p: argparse.ArgumentParser) -> Handler:
 
 def _stopped(r) -> int:
     print(json.dumps({"stopped_at_step": r.step, "train_time_s": round(r.total_train_time_s, 1),
-                      "resume": "rerun the same command with --resume"}))
+                      "resume": "rerun the same command with --resume, and without --stop-at "
+                                "(or with a later --stop-at)"}))
     return 0
+
+
+def _load_flag_model(flag: str, name: str):
+    """``load_model(name)``; its errors name the flag that gave ``name``."""
+    from jaxspec.checkpoint import load_model
+
+    try:
+        return load_model(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -44,8 +44,9 @@ def _bench(p: argparse.ArgumentParser) -> Handler:
     size.add_argument("--quick", action="store_true", help="short versions (minutes on 2 CPU cores; figures labelled quick)")
     size.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # seconds; for tests
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
-    p.add_argument("--out", help="folder for the JSON and PNG files (default: benchmarks/results in the "
-                                 "repository, else ./bench-results; their quick/ subfolder with --quick)")
+    p.add_argument("--out", help="folder for the JSON and PNG files (default: benchmarks/results when run "
+                                 "from the repository root, else ./bench-results; their quick/ subfolder "
+                                 "with --quick)")
     p.add_argument("--only", nargs="+", action="extend", choices=list(BENCHMARKS), metavar="NAME",
                    help=f"run only these benchmarks ({', '.join(BENCHMARKS)}; default: all)")
 
@@ -54,7 +55,7 @@ def _bench(p: argparse.ArgumentParser) -> Handler:
 
         size = "tiny" if args.tiny else ("quick" if args.quick else "full")
         names = list(dict.fromkeys(args.only)) if args.only else list(BENCHMARKS)
-        out = check_output_dir("--out", args.out or common.default_out_dir(size))
+        out = check_output_dir("--out", common.default_out_dir(size) if args.out is None else args.out)
         t_all = time.perf_counter()
         result: dict = {"size": size, "quick": size != "full"}
         for keys in HEADLINE_KEYS.values():

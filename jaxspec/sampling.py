@@ -114,6 +114,9 @@ def check_key(key):
     )
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _real_number(x) -> float:
     """``float(x)`` for a real number (a Python or numpy number, a 0-d array); a string,
     a bool or anything else ``float`` would coerce -> ``TypeError``."""
@@ -141,6 +144,11 @@ def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
         if not math.isfinite(t) or t < 0:
             raise ValueError(
                 f"temperature: expected a finite number >= 0 (0 means greedy), got {temperature!r}"
+            )
+        if t > _F32_MAX:
+            raise ValueError(
+                f"temperature = {temperature!r}: expected at most {_F32_MAX:.4g} (the largest "
+                "float32 number; the logits are divided by it in float32)"
             )
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:

@@ -331,6 +331,11 @@ def _fit(
         params, opt_state = state["params"], state["opt_state"]
         sampler.set_state(meta["sampler_state"])
         start, history, prior_time = meta["step"], meta["history"], meta["train_time_s"]
+        if stop_at is not None and stop_at <= start:
+            raise ValueError(
+                f"{kind}: stop_at = {stop_at}: the checkpoint in {found} is already at step {start}; "
+                f"expected a later step (or none, to finish the {cfg.steps} steps)"
+            )
     elif not resume and _find_checkpoint(ckpt_dir) is not None:
         raise ValueError(f"{kind}: {ckpt_dir} already holds a checkpoint; pass resume=True (--resume) or use a new out dir")
 
@@ -386,12 +391,26 @@ def _check_resumable(meta: dict, now: dict, where: Path) -> None:
     for k in _TRAJECTORY_FIELDS:
         if meta["train_config"].get(k) != now["train_config"][k]:
             raise ValueError(
-                f"resume: {where}: {k} = {meta['train_config'].get(k)!r} in the checkpoint but {now['train_config'][k]!r} now"
+                f"resume: {where}: TrainConfig.{k} = {now['train_config'][k]!r} now but "
+                f"{meta['train_config'].get(k)!r} in the checkpoint; expected the checkpoint's value"
             )
     if meta.get("corpus_digest") != now["corpus_digest"]:
         raise ValueError(f"resume: {where}: the corpus differs from the one the checkpoint was trained on")
     if meta.get("target_digest") != now.get("target_digest"):
         raise ValueError(f"resume: {where}: the target model differs from the one the checkpoint was distilled from")
+
+
+def _val_windows(corpus: Corpus, config: TrainConfig) -> np.ndarray:
+    """The held-out windows; more than the validation stream has distinct windows would
+    only repeat them (and slow every evaluation) -> ValueError."""
+    distinct = corpus.val.size - config.seq_len
+    if config.eval_windows > distinct:
+        raise ValueError(
+            f"TrainConfig.eval_windows = {config.eval_windows}: the validation stream "
+            f"({corpus.val.size:,} tokens) has {max(distinct, 0):,} distinct windows of seq_len + 1 tokens; "
+            f"expected at most {max(distinct, 0):,}"
+        )
+    return eval_windows(corpus.val, config.eval_windows, config.seq_len)
 
 
 def _write_summary(out_dir: Path, summary: dict) -> None:
@@ -425,7 +444,7 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus
-    val = eval_windows(corpus.val, config.eval_windows, config.seq_len)
+    val = _val_windows(corpus, config)
     model = init_model(model_config, jax.random.key(config.seed))
     model, history, wall, total, step = _fit(
         kind="train", model=model, loss_fn=_lm_loss, consts=(),
@@ -500,6 +519,11 @@ def distill(
         raise ValueError(
             f"distill: draft vocab_size = {draft_config.vocab_size}; expected the target's {target.config.vocab_size}"
         )
+    if config.seq_len > target.config.max_position_embeddings:
+        raise ValueError(
+            f"TrainConfig.seq_len = {config.seq_len}: expected <= the target's context length "
+            f"{target.config.max_position_embeddings} (the target scores every position of a window)"
+        )
     ratio = flops_per_token(draft_config, config.seq_len) / flops_per_token(target.config, config.seq_len)
     if max_compute_ratio is not None and ratio > max_compute_ratio:
         raise ValueError(
@@ -512,7 +536,7 @@ def distill(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus
-    val = eval_windows(corpus.val, config.eval_windows, config.seq_len)
+    val = _val_windows(corpus, config)
     draft = init_draft if init_draft is not None else init_model(draft_config, jax.random.key(config.seed))
     before = _evaluate_pair(target, draft, val, config.batch_size)
     tg, tp = nnx.split(target)

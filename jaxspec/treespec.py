@@ -229,8 +229,16 @@ def resolve_tree(tree) -> StaticTree | DynamicTree:
 
 
 def _ints(spec: str, body: str) -> list[int]:
+    """The comma-separated integers after ':' (none for an empty body); an empty entry
+    (``3,,2``, a trailing comma) or a non-integer is an error naming the spec."""
+    if not body.strip():
+        return []
+    items = body.split(",")
+    for i, x in enumerate(items):
+        if not x.strip():
+            raise ValueError(f"tree spec {spec!r}: entry {i} is empty; expected comma-separated integers after ':'")
     try:
-        return [int(x) for x in body.split(",") if x.strip() != ""]
+        return [int(x) for x in items]
     except ValueError:
         raise ValueError(f"tree spec {spec!r}: expected comma-separated integers after ':'") from None
 
@@ -277,13 +285,15 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
         if kind == "dynamic":
             names = {"depth": "depth", "topk": "topk", "k": "topk", "nodes": "num_nodes", "num_nodes": "num_nodes"}
             kw = {}
-            for item in body.split(","):
+            for i, item in enumerate(body.split(",")):
                 if not item.strip():
-                    continue
+                    raise ValueError(f"entry {i} is empty; expected e.g. 'dynamic:depth=4,topk=4,nodes=16'")
                 key, eq, val = item.partition("=")
                 key = key.strip().lower()
                 if not eq or key not in names:
                     raise ValueError(f"unknown field {item.strip()!r}; expected depth=, topk=, nodes=")
+                if names[key] in kw:
+                    raise ValueError(f"field {key!r} given twice; expected each of depth=, topk=, nodes= once")
                 try:
                     kw[names[key]] = int(val)
                 except ValueError:

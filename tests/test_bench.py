@@ -168,6 +168,7 @@ def test_sequential_walk_is_the_same_rule(scheme):
         (["--quick", "--tiny"], "not allowed with argument"),
         (["--only"], "expected at least one argument"),
         (["--frobnicate"], "unrecognized arguments"),
+        (["--tiny", "--out", ""], "--out '': expected a folder path, got an empty one"),  # not the default
     ],
 )
 def test_cli_bad_arguments(argv, message, capsys):

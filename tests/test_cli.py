@@ -41,8 +41,16 @@ def test_missing_and_unknown_command(capsys):
          f"argument --seed: expected an integer in [0, 2**32), got '{2**32}'"),
         (["train", "--seed", "-1", "--out", "x"], "argument --seed: expected an integer in [0, 2**32), got '-1'"),
         (["distill", "--seed", "1" + "0" * 30, "--out", "x"], "argument --seed: expected an integer in [0, 2**32)"),
-        (["distill", "--target", "no-such-model", "--out", "x"], "unknown model 'no-such-model'"),
-        (["distill", "--target", "./no/such/folder", "--out", "x"], "does not exist"),
+        (["distill", "--target", "no-such-model", "--out", "x"], "--target: load_model: unknown model 'no-such-model'"),
+        (["distill", "--target", "./no/such/folder", "--out", "x"], "--target: load_model: model folder"),
+        (["distill", "--init", "no-such-model", "--out", "x"], "--init: load_model: unknown model 'no-such-model'"),
+        (["train", "--hidden-size", "100", "--heads", "3", "--kv-heads", "1", "--out", "x"],
+         "--hidden-size = 100: expected a multiple of --heads = 3"),
+        # the target (default-target, context 256) scores every window position too
+        (["distill", "--context", "512", "--seq-len", "400", "--out", "x"],
+         "--seq-len = 400: expected <= the target's context length 256"),
+        (["train", "--out", ""], "--out '': expected a folder path, got an empty one"),
+        (["distill", "--out", "x", "--export", " "], "--export ' ': expected a folder path"),
     ],
 )
 def test_bad_input_is_a_clean_error(argv, message, capsys, tmp_path, monkeypatch):
@@ -51,6 +59,22 @@ def test_bad_input_is_a_clean_error(argv, message, capsys, tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags, head_dim", [
+    (["--hidden-size", "64"], 32),  # preset tiny: 2 heads
+    (["--heads", "4", "--kv-heads", "2"], 8),
+    (["--layers", "3"], 16),  # unchanged: the preset's own
+])
+def test_model_flags_recompute_head_dim(flags, head_dim):
+    """--hidden-size / --heads change hidden_size / heads, so the per-head width follows
+    (it used to keep the preset's, silently building another model)."""
+    from jaxspec.train import PRESETS
+
+    args = cli.build_parser().parse_args(["train", "--out", "x", "--preset", "tiny", *flags])
+    mc = cli._model_config(args)
+    assert PRESETS["tiny"].hidden_size == 32 and PRESETS["tiny"].num_attention_heads == 2
+    assert mc.head_dim == head_dim == mc.hidden_size // mc.num_attention_heads
 
 
 def test_largest_seed_is_accepted():
@@ -110,7 +134,7 @@ def test_console_entry_point_has_no_traceback():
     r = subprocess.run([sys.executable, "-m", "jaxspec.cli", "distill", "--target", "nope", "--out", "x"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
-    assert "jaxspec distill: error: load_model: unknown model 'nope'" in r.stderr
+    assert "jaxspec distill: error: --target: load_model: unknown model 'nope'" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -149,7 +173,11 @@ DISTILL_RUN = ["--steps", "20", "--batch-size", "8", "--seq-len", "32", "--lr", 
 def test_train_resume_and_distill_end_to_end(tmp_path, capsys):
     run = str(tmp_path / "t")
     assert cli.main(["train", *TINY_RUN, "--out", run, "--stop-at", "10"]) == 0
-    assert json.loads(capsys.readouterr().out)["stopped_at_step"] == 10
+    stopped = json.loads(capsys.readouterr().out)
+    assert stopped["stopped_at_step"] == 10 and "without --stop-at" in stopped["resume"]
+    # resuming with the same --stop-at would stop again at once: refused, not a silent no-op
+    assert cli.main(["train", *TINY_RUN, "--out", run, "--resume", "--stop-at", "10"]) == 2
+    assert "--stop-at = 10: the checkpoint in" in capsys.readouterr().err
     assert cli.main(["train", *TINY_RUN, "--out", run]) == 2  # refuses to overwrite without --resume
     assert "--resume" in capsys.readouterr().err
     assert cli.main(["train", *TINY_RUN, "--out", run, "--resume"]) == 0

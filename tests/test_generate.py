@@ -389,6 +389,12 @@ def test_parse_dynamic_tree():
         ("dynamic:width=2", "unknown field"),
         ("star:3", "unknown kind"),
         ("", "expected"),
+        # malformed lists are errors, not silently repaired
+        ("branch:3,,2", r"'branch:3,,2': entry 1 is empty"),
+        ("chain:4,", r"'chain:4,': entry 1 is empty"),
+        ("parents:-1,,0", r"'parents:-1,,0': entry 1 is empty"),
+        ("dynamic:depth=2,depth=3,topk=2,nodes=4", r"field 'depth' given twice"),
+        ("dynamic:depth=2,,topk=2,nodes=4", r"entry 1 is empty"),
     ],
 )
 def test_parse_tree_errors_name_the_spec(spec, match):

@@ -533,3 +533,10 @@ def test_row_sum_tolerance_follows_the_dtype():
     draw(jax.random.key(0), row, 2, "iid")
     with pytest.raises(ValueError, match=r"sums to 1\.1.*tolerance 0\.0078125"):
         draw(jax.random.key(0), jnp.array([0.2, 0.2, 0.3, 0.4], jnp.bfloat16), 2, "iid")
+
+
+def test_temperature_beyond_float32_is_refused():
+    """The logits are divided by the temperature in float32: 1e39 would overflow to inf."""
+    with pytest.raises(ValueError, match=r"^temperature = 1e\+39: expected at most 3\.403e\+38"):
+        validate_warp_args(temperature=1e39)
+    validate_warp_args(temperature=3e38)  # large but a float32

@@ -1,5 +1,6 @@
 """Corpus, training and distillation (tiny models, a few dozen steps on a corpus slice)."""
 
+import dataclasses
 import json
 
 import jax
@@ -90,6 +91,19 @@ def test_sampler_is_deterministic_and_resumable(corpus):
     for e in expected:
         np.testing.assert_array_equal(c.next(), e)
     assert not np.array_equal(BatchSampler(corpus.train, 4, 16, seed=8).next(), first)
+
+
+def test_more_eval_windows_than_the_stream_holds_is_refused(corpus, tmp_path):
+    """More windows than distinct start positions would only repeat windows (and make every
+    evaluation slow): an error naming the field, before any training."""
+    from jaxspec.train import _val_windows
+
+    distinct = corpus.val.size - CFG.seq_len
+    assert _val_windows(corpus, dataclasses.replace(CFG, eval_windows=distinct)).shape == (distinct, CFG.seq_len + 1)
+    too_many = dataclasses.replace(CFG, eval_windows=distinct + 1)
+    with pytest.raises(ValueError, match=rf"TrainConfig.eval_windows = {distinct + 1}: .* expected at most {distinct:,}"):
+        train(TINY, too_many, tmp_path, corpus=corpus, progress=False)
+    assert not (tmp_path / "checkpoint").exists()
 
 
 def test_eval_windows(corpus):
