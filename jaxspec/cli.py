@@ -249,6 +249,9 @@ def _train(p: argparse.ArgumentParser) -> Handler:
                       export_dir=args.export, stop_at=args.stop_at)
         except ValueError as e:
             raise CLIError(_flag_names(str(e), args)) from None
+        except KeyboardInterrupt:
+            _say_where_to_resume("train", args.out)
+            raise
         if r.final_dir is None:
             return _stopped(r)
         last = r.history[-1]
@@ -285,6 +288,9 @@ def _distill(p: argparse.ArgumentParser) -> Handler:
             if "per-token FLOPs" in msg:
                 msg += " (--max-compute-ratio)"
             raise CLIError(msg) from None
+        except KeyboardInterrupt:
+            _say_where_to_resume("distill", args.out)
+            raise
         if r.final_dir is None:
             return _stopped(r)
         print(json.dumps({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
@@ -300,6 +306,21 @@ def _stopped(r) -> int:
                       "resume": "rerun the same command with --resume, and without --stop-at "
                                 "(or with a later --stop-at)"}))
     return 0
+
+
+def _say_where_to_resume(command: str, out) -> None:
+    """On Ctrl-C during training: where the last checkpoint is (stderr), so that the run
+    can be finished with --resume, or that there is none yet."""
+    from jaxspec.train import CHECKPOINT_DIR, _META_FILE, _find_checkpoint
+
+    found = _find_checkpoint(Path(out) / CHECKPOINT_DIR)
+    if found is None:
+        print(f"jaxspec {command}: no checkpoint was written yet (one comes every --checkpoint-every steps)",
+              file=sys.stderr)
+        return
+    step = json.loads((found / _META_FILE).read_text())["step"]
+    print(f"jaxspec {command}: the last checkpoint (step {step}) is in {found}; rerun the same command "
+          "with --resume to continue from it", file=sys.stderr)
 
 
 def _load_flag_model(flag: str, name: str):

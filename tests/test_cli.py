@@ -203,3 +203,31 @@ def test_command_modules_are_registered_on_import():
     for path in Path(cli.__file__).parent.glob("cli_*.py"):
         importlib.import_module(f"jaxspec.{path.stem}")  # already imported by jaxspec.cli: no new commands
     assert set(cli._COMMANDS) == registered
+
+
+def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) mid-run: exit 130 and say which checkpoint --resume uses."""
+    import jaxspec.train as train_mod
+
+    run = str(tmp_path / "t")
+    real_step = train_mod._train_step
+    calls = []
+
+    def interrupted_step(*args, **kwargs):  # the user presses Ctrl-C during the 3rd step
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "_train_step", interrupted_step)
+    assert cli.main(["train", *TINY_RUN, "--out", run]) == 130
+    err = capsys.readouterr().err
+    assert "no checkpoint was written yet" in err and "interrupted" in err
+    monkeypatch.setattr(train_mod, "_train_step", real_step)
+    assert cli.main(["train", *TINY_RUN, "--out", run, "--stop-at", "8"]) == 0  # checkpoint at step 8
+    capsys.readouterr()
+    calls.clear()
+    monkeypatch.setattr(train_mod, "_train_step", interrupted_step)
+    assert cli.main(["train", *TINY_RUN, "--out", run, "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert f"the last checkpoint (step 8) is in {run}/checkpoint; rerun the same command with --resume" in err
