@@ -122,7 +122,7 @@ class AutoTreeResult:
     rows:           the whole table, one :class:`AutoTreeRow` per budget.
     info:           what was measured and where (device, jax version, settings).
     from_cache:     True when read from the on-disk cache.
-    cache_path:     the cache file (None when caching is off).
+    cache_path:     the cache file (None when caching is off or the entry could not be written).
     """
 
     parents: tuple[int, ...]
@@ -536,6 +536,7 @@ def auto_tree(
       loops, repeats: each timing is a jitted loop of ``loops`` steps, median of ``repeats``.
       cache_dir: where results are cached; ``None`` = :func:`default_cache_dir`.
       use_cache: read and write the cache; ``retune=True`` measures again and overwrites it.
+        A cache entry that cannot be written is a warning on stderr, not an error.
       progress: a tqdm progress bar on stderr.
 
     Returns:
@@ -641,10 +642,32 @@ def auto_tree(
         "loops": loops, "repeats": repeats,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    result = dataclasses.replace(result, info=info, cache_path=None if path is None else str(path))
-    if path is not None:
+    result = dataclasses.replace(result, info=info)
+    if path is not None and not _save(result, path, cache_dir):
+        path = None  # the measurement stands; only the cache entry is missing
+    return dataclasses.replace(result, cache_path=None if path is None else str(path))
+
+
+def _save(result: AutoTreeResult, path: Path, cache_dir) -> bool:
+    """Write the cache entry; on failure warn on stderr (naming where the folder came from)
+    and return False: minutes of measurement are not thrown away for an unwritable cache."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(result.to_dict(), indent=1))
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new entry
-    return result
+        return True
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if cache_dir is not None:
+            source = "cache_dir"
+        elif os.environ.get("JAXSPEC_CACHE_DIR"):
+            source = f"JAXSPEC_CACHE_DIR={os.environ['JAXSPEC_CACHE_DIR']}"
+        else:
+            source = "the default folder; set JAXSPEC_CACHE_DIR to a writable folder"
+        print(f"auto_tree: warning: cannot write the cache entry {path} ({e.strerror or e}; cache folder "
+              f"from {source}); the measurement is used but not cached", file=sys.stderr)
+        return False

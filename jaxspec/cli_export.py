@@ -10,7 +10,8 @@ shards + index) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR
 with the same logits, plus ``generation_config.json`` with the token ids. The byte-level
 tokenizer of the embedded models has no ``tokenizer.json``: encode text as UTF-8 bytes
 (``jaxspec.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
-``tokenizer_config.json`` / ``special_tokens_map.json``) is copied along.
+``tokenizer_config.json`` / ``special_tokens_map.json``) is copied along; those files left in
+``OUT_DIR`` by an earlier export of another model are removed (listed under ``"removed"``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 @command("export", help="write a model as a Hugging Face Llama folder (config.json + safetensors)")
 def _export(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("model", metavar="MODEL", help="embedded model name (default-target, default-draft) or folder")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created; existing weights replaced)")
+    p.add_argument("out_dir", metavar="OUT_DIR",
+                   help="folder to write (created; existing weights and tokenizer files replaced)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="stored dtype (default float32)")
     p.add_argument("--max-shard-mb", type=_positive_int, default=None,
@@ -40,8 +42,8 @@ def _export(p: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
         from jaxspec.checkpoint import load_model, read_config, resolve_model_path, save_model
 
+        out = check_output_dir("OUT_DIR", args.out_dir)  # an empty path too, before resolving MODEL
         src = resolve_model_path(args.model)
-        out = check_output_dir("OUT_DIR", args.out_dir)
         if out.exists() and out.resolve() == src.resolve():
             raise CLIError(f"OUT_DIR {str(out)!r} is the source folder; choose another")
         model = load_model(args.model)  # float32: the stored dtype is chosen below
@@ -51,13 +53,18 @@ def _export(p: argparse.ArgumentParser) -> Handler:
         save_model(model, out, dtype=args.dtype, max_shard_bytes=shard, extra_config=extra)
         gen_cfg = {k: extra[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if extra.get(k) is not None}
         (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2, sort_keys=True) + "\n")
+        removed = []
         for name in _TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copyfile(src / name, out / name)
+            elif (out / name).is_file() or (out / name).is_symlink():  # stale: from another model
+                (out / name).unlink()
+                removed.append(name)
         print(json.dumps({"model": args.model, "out_dir": str(out), "dtype": args.dtype,
                           "params": model.config.num_params(),
-                          "files": sorted(p.name for p in out.iterdir())}))
-        print(f"export: wrote {out} (LlamaForCausalLM, {args.dtype})", file=sys.stderr)
+                          "files": sorted(p.name for p in out.iterdir()), "removed": removed}))
+        print(f"export: wrote {out} (LlamaForCausalLM, {args.dtype})"
+              + (f"; removed stale {', '.join(removed)}" if removed else ""), file=sys.stderr)
         return 0
 
     return run

@@ -31,12 +31,30 @@ import re
 import sys
 import time
 
-from jaxspec.cli import CLIError, Handler, _seed, command
+from jaxspec.cli import CLIError, Handler, _positive_int, _seed, command
 
 __all__: list[str] = []
 
 DEFAULT_TREE = "chain:4"  # fastest measured on the default pair (benchmarks/decode_speed.py)
 DEFAULT_TEMPERATURE = 0.8
+DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
+DEFAULT_AUTO_MAX_DEPTH = 8
+
+# library argument names -> the flags that set them, in messages that reach the command line
+_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+          "max_new_tokens": "--max-new-tokens"}
+
+
+def _flag_words(message: str, tree: str | None = None) -> str:
+    """A library message in the command line's words: ``scheme='iid'`` -> ``--scheme iid``,
+    ``top_k`` -> ``--top-k``, a leading ``tree:`` -> ``--tree SPEC:``, no "None or"."""
+    message = re.sub(r"\bscheme\s*=\s*'(\w+)'", r"--scheme \1", message)
+    message = re.sub(r"(?<![\w-])(temperature|top_k|top_p|max_new_tokens)\b",
+                     lambda m: _FLAGS[m.group(1)], message)
+    message = message.replace("expected None or ", "expected ")
+    if tree is not None:
+        message = re.sub(r"^tree\b", lambda m: f"--tree {tree}", message)
+    return message
 
 
 def _float(s: str) -> float:
@@ -107,7 +125,7 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         "--temperature", type=_float, default=DEFAULT_TEMPERATURE,
         help=f"target temperature, 0 = greedy (default {DEFAULT_TEMPERATURE})",
     )
-    p.add_argument("--top-k", type=_int, default=None, help="target top-k (>= 1)")
+    p.add_argument("--top-k", type=_positive_int, default=None, help="target top-k (>= 1)")
     p.add_argument("--top-p", type=_float, default=None, help="target top-p in (0, 1]")
     p.add_argument(
         "--tree", default=DEFAULT_TREE,
@@ -118,12 +136,14 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         "--auto-budgets", default=None, metavar="N,N,...",
         help="--tree auto: candidate node counts (default 2,4,6,8,12,16,24,32)",
     )
-    p.add_argument("--auto-max-depth", type=_int, default=8, help="--tree auto: deepest level (default 8)")
+    p.add_argument("--auto-max-depth", type=_int, default=None,
+                   help=f"--tree auto: deepest level (default {DEFAULT_AUTO_MAX_DEPTH})")
     p.add_argument("--retune", action="store_true", help="--tree auto: measure again, ignoring the cache")
     p.add_argument(
-        "--scheme", default="without_replacement",
+        "--scheme", default=None,
         choices=("iid", "without_replacement", "deterministic"),
-        help="sibling scheme (default without_replacement; dynamic trees: deterministic)",
+        help=f"sibling scheme (default {DEFAULT_SCHEME}; dynamic trees: deterministic, the only "
+        "scheme they accept)",
     )
     p.add_argument("--seed", type=_seed, default=0, help="random seed, in [0, 2**32) (default 0)")
     p.add_argument("--target", default="default-target", help="target model name or folder")
@@ -135,56 +155,74 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
         import jax
         import numpy as np
 
-        from jaxspec.generate import generate, generate_autoregressive
+        from jaxspec.generate import build_ar_config, build_config, generate, generate_autoregressive
         from jaxspec import sampling
-        from jaxspec.checkpoint import load_model
         from jaxspec.tokenizer import ByteTokenizer
-        from jaxspec.treespec import parse_tree
+        from jaxspec.treespec import DynamicTree, parse_tree
 
         if args.max_new_tokens < 1:
             raise CLIError(f"--max-new-tokens = {args.max_new_tokens}: expected an integer >= 1")
         try:
             sampling.validate_warp_args(args.temperature, args.top_k, args.top_p)
         except ValueError as e:
-            flags = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
-            raise CLIError(re.sub(r"\b(temperature|top_k|top_p)\b", lambda m: flags[m.group(1)], str(e))) from None
+            raise CLIError(_flag_words(str(e))) from None
         tree = None
-        auto = args.tree.strip().lower() == "auto" and not args.baseline
-        if auto:
-            args.auto_budgets = _budgets(args.auto_budgets)
-            if args.auto_max_depth < 1:
-                raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
-        if not args.baseline and not auto:
+        auto_spec = args.tree.strip().lower() == "auto"
+        auto = auto_spec and not args.baseline  # --baseline uses no tree
+        budgets = _budgets(args.auto_budgets)  # validated whatever the tree, then applicability
+        if args.auto_max_depth is not None and args.auto_max_depth < 1:
+            raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
+        if not auto_spec:
+            given = [f for f, v in (("--auto-budgets", args.auto_budgets), ("--auto-max-depth", args.auto_max_depth),
+                                    ("--retune", args.retune or None)) if v is not None]
+            if given:
+                raise CLIError(f"{given[0]}: applies only to --tree auto, got --tree {args.tree}")
+        args.auto_budgets = budgets
+        if args.auto_max_depth is None:
+            args.auto_max_depth = DEFAULT_AUTO_MAX_DEPTH
+        if not auto_spec:  # a malformed spec is an error in --baseline mode too
             try:
                 tree = parse_tree(args.tree)
             except ValueError as e:
                 raise CLIError(f"--tree: {e}") from None
-            if type(tree).__name__ == "DynamicTree" and args.scheme != "deterministic":
-                args.scheme = "deterministic"
+        dynamic = isinstance(tree, DynamicTree)
+        if args.scheme is None:
+            args.scheme = "deterministic" if dynamic else DEFAULT_SCHEME
+        elif dynamic and args.scheme != "deterministic" and not args.baseline:
+            raise CLIError(
+                f"--scheme {args.scheme}: a dynamic tree (--tree {args.tree}) ranks fixed candidates; "
+                "expected --scheme deterministic (the default for dynamic trees)"
+            )
         tok = _tokenizer(args.target, "--target")
         if not args.baseline:
             _check_same_tokenizer(tok, _tokenizer(args.draft, "--draft"), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
-        target = load_model(args.target)
-        ctx = target.config.max_position_embeddings
-        if len(ids) >= ctx:
-            raise CLIError(
-                f"--prompt: {len(ids)} tokens; the model's context is {ctx} tokens "
-                "(prompt + new tokens + tree must fit)"
-            )
+        target = _load(args.target, "--target")
         if not isinstance(tok, ByteTokenizer) and tok.vocab_size > target.config.vocab_size:
             raise CLIError(
                 f"--target {args.target}: its tokenizer has {tok.vocab_size} tokens but the model's "
                 f"vocab_size is {target.config.vocab_size}"
             )
-        draft = None if args.baseline else load_model(args.draft)
+        draft = None if args.baseline else _load(args.draft, "--draft")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
                 f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
             )
+        _check_room(args, len(ids), target, draft, None if args.baseline else tree, auto)
+        if not auto:  # the remaining checks of the library, before compiling
+            try:
+                if args.baseline:
+                    build_ar_config(target, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                else:
+                    build_config(target, draft, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
+                                 tree=tree, scheme=args.scheme, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p)
+            except ValueError as e:
+                raise CLIError(_flag_words(str(e), args.tree)) from None
         auto_result = None
         if auto:
             auto_result = _auto_tree(args, target, draft, tok, len(ids))
@@ -259,19 +297,82 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
+def _model_error(flag: str, e: Exception) -> CLIError:
+    """A loading error naming the flag: ``--draft: load_model: unknown model 'foo'; ...``."""
+    return CLIError(f"{flag}: {e}")
+
+
+def _load(name: str, flag: str):
+    """:func:`jaxspec.checkpoint.load_model`, its errors naming ``flag``."""
+    from jaxspec.checkpoint import load_model
+
+    try:
+        return load_model(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise _model_error(flag, e) from None
+
+
 def _tokenizer(name: str, flag: str):
     """The model's tokenizer.json (HFTokenizer) if its folder has one, else the byte tokenizer."""
     from jaxspec.checkpoint import resolve_model_path
     from jaxspec.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
     from jaxspec.tokenizer import ByteTokenizer
 
-    folder = resolve_model_path(name)
+    try:
+        folder = resolve_model_path(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise _model_error(flag, e) from None
     if not (folder / TOKENIZER_FILE).is_file():
         return ByteTokenizer()
     try:
         return HFTokenizer.from_file(folder)
-    except ImportError as e:
+    except (ImportError, ValueError) as e:
         raise CLIError(f"{flag} {name}: {e}") from None
+
+
+def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
+    """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
+    context of the target (and of the draft): the KV cache holds the prompt, the new
+    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.generate.build_config`).
+    ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
+    from jaxspec.treespec import DynamicTree
+
+    limits = {"target": target.config.max_position_embeddings}
+    if draft is not None:
+        limits["draft"] = draft.config.max_position_embeddings
+    ctx = min(limits.values())
+    whose = " and the ".join(f"{name}'s" for name, n in limits.items() if n == ctx)
+    context = f"the {whose} context of {ctx} tokens (max_position_embeddings)"
+    if draft is None:  # --baseline: prompt + new tokens
+        reserve, tree_words = 0, ""
+    elif auto:  # the smallest candidate tree
+        from jaxspec.autotree import DEFAULT_BUDGETS
+
+        smallest = min(args.auto_budgets or DEFAULT_BUDGETS)
+        reserve, tree_words = smallest + 1, f"the smallest --tree auto candidate ({smallest} nodes + 1)"
+    else:
+        slots = max(tree.num_nodes, tree.expansion_slots) if isinstance(tree, DynamicTree) else tree.num_nodes
+        reserve, tree_words = slots + 1, f"--tree {args.tree} ({slots} slots + 1)"
+        if ctx - reserve < 2:  # not even a 1-token prompt and one new token fit
+            raise CLIError(
+                f"--tree {args.tree}: {slots} tree slots + 1; expected at most {ctx - 3} slots, so that the "
+                f"tree, a 1-token prompt and one new token fit {context}"
+            )
+    room = ctx - prompt_len - reserve  # the most new tokens that fit
+    if room < 1:
+        parts = "the prompt, at least one new token and " + tree_words if tree_words else \
+            "the prompt and at least one new token"
+        raise CLIError(
+            f"--prompt: {prompt_len} tokens; expected at most {prompt_len + room - 1} tokens, so that "
+            f"{parts} fit {context}"
+        )
+    if not auto and args.max_new_tokens > room:
+        parts = f", this {prompt_len}-token prompt and {tree_words}" if tree_words else \
+            f" and this {prompt_len}-token prompt"
+        raise CLIError(
+            f"--max-new-tokens = {args.max_new_tokens}: expected <= {room}, so that the new tokens{parts} "
+            f"fit {context}"
+        )
 
 
 def _check_same_tokenizer(tok, dtok, args) -> None:
@@ -308,9 +409,11 @@ def _auto_tree(args, target, draft, tok, prompt_len: int):
     room = ctx - prompt_len - args.max_new_tokens - 1  # generate's cache: prompt + new + N + 1
     budgets = tuple(sorted({n for n in asked if n <= room}))
     if not budgets:
+        most = ctx - prompt_len - 1 - min(asked)  # the most new tokens with the smallest budget
         raise CLIError(
             f"--tree auto: no budget in {list(asked)} fits the context of {ctx} tokens with a "
-            f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes)"
+            f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes); "
+            f"expected --max-new-tokens <= {most} for the smallest budget, {min(asked)}"
         )
     held_out = None
     if not isinstance(tok, ByteTokenizer):  # held-out text in the model's own tokens
@@ -327,8 +430,11 @@ def _auto_tree(args, target, draft, tok, prompt_len: int):
             held_out_tokens=held_out, retune=args.retune, progress=True,
         )
     except ValueError as e:
-        raise CLIError(f"--tree auto: {e}") from None
-    how = f"cached in {res.cache_path}" if res.from_cache else f"measured, saved to {res.cache_path}"
+        raise CLIError(f"--tree auto: {_flag_words(str(e))}") from None
+    if res.from_cache:
+        how = f"cached in {res.cache_path}"
+    else:
+        how = "measured, not cached" if res.cache_path is None else f"measured, saved to {res.cache_path}"
     print(
         f"-- auto tree ({how}):\n{res.table()}\n-- picked {res.budget} nodes, depth {res.depth}: "
         f"parents:{','.join(map(str, res.parents))}; predicted tau {res.predicted_tau:.2f}, "

@@ -3,9 +3,14 @@ equality with the baseline, and clean errors (message + exit status 2, no traceb
 
 import json
 
+import jax
+import numpy as np
 import pytest
 
+from jaxspec.checkpoint import save_model
 from jaxspec.cli import main
+from jaxspec.config import ModelConfig
+from jaxspec.model import init_model
 
 
 def _run(capsys, *argv):
@@ -25,20 +30,137 @@ def _run(capsys, *argv):
         (["--prompt", "x", "--temperature", "nan"], "error: --temperature: expected a finite number >= 0"),
         (["--prompt", "x", "--top-p", "1.5"], "--top-p"),
         (["--prompt", "x", "--top-p", "0"], "--top-p"),
-        (["--prompt", "x", "--top-k", "0"], "--top-k"),
         (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["--prompt", ""], "--prompt"),
         (["--prompt", "x", "--tree", "auto", "--auto-budgets", "0,2"], "--auto-budgets"),
         (["--prompt", "x", "--tree", "auto", "--auto-budgets", "a"], "--auto-budgets"),
         (["--prompt", "x", "--tree", "auto", "--auto-max-depth", "0"], "--auto-max-depth"),
-        (["--prompt", "x" * 200, "--tree", "auto", "--max-new-tokens", "60"], "--tree auto: no budget"),
+        (["--prompt", "x" * 200, "--tree", "auto", "--max-new-tokens", "60"],
+         "--tree auto: no budget in [2, 4, 6, 8, 12, 16, 24, 32] fits the context of 256 tokens with a 200-token "
+         "prompt and --max-new-tokens 60 (room for -5 nodes); expected --max-new-tokens <= 53 for the smallest "
+         "budget, 2"),
+        # the cache capacity (prompt + new tokens [+ tree + 1]) is checked before compiling
+        (["--prompt", "x", "--max-new-tokens", "1000"],
+         "--max-new-tokens = 1000: expected <= 250, so that the new tokens, this 1-token prompt and --tree chain:4 "
+         "(4 slots + 1) fit the target's and the draft's context of 256 tokens (max_position_embeddings)"),
+        (["--prompt", "x" * 300],
+         "--prompt: 300 tokens; expected at most 250 tokens, so that the prompt, at least one new token and "
+         "--tree chain:4 (4 slots + 1) fit the target's and the draft's context"),
+        (["--prompt", "x", "--tree", "branch:1000,1000"],
+         "--tree branch:1000,1000: 1001000 tree slots + 1; expected at most 253 slots"),
+        (["--prompt", "x", "--tree", "dynamic:depth=3,topk=4,nodes=6", "--max-new-tokens", "250"],  # 8 scratch slots
+         "--max-new-tokens = 250: expected <= 246, so that the new tokens, this 1-token prompt and "
+         "--tree dynamic:depth=3,topk=4,nodes=6 (8 slots + 1) fit"),
+        # flags that conflict or do not apply
+        (["--prompt", "x", "--baseline", "--tree", "garbage"], "--tree: tree spec 'garbage': expected"),
+        (["--prompt", "x", "--tree", "chain:3", "--auto-budgets", "abc"], "--auto-budgets = 'abc': expected"),
+        (["--prompt", "x", "--tree", "chain:3", "--auto-budgets", "4"],
+         "--auto-budgets: applies only to --tree auto, got --tree chain:3"),
+        (["--prompt", "x", "--retune"], "--retune: applies only to --tree auto, got --tree chain:4"),
+        (["--prompt", "x", "--auto-max-depth", "3"], "--auto-max-depth: applies only to --tree auto"),
+        (["--prompt", "x", "--tree", "dynamic:depth=2,topk=2,nodes=4", "--scheme", "iid"],
+         "--scheme iid: a dynamic tree (--tree dynamic:depth=2,topk=2,nodes=4) ranks fixed candidates; "
+         "expected --scheme deterministic"),
+        (["--prompt", "x", "--draft", "foo"], "error: --draft: load_model: unknown model 'foo'"),
+        (["--prompt", "x", "--target", "foo"], "error: --target: load_model: unknown model 'foo'"),
+        (["--prompt", "x", "--draft", "./no/such/folder"], "error: --draft: load_model: model folder"),
+        (["--prompt", "x", "--top-p", "0"], "error: --top-p: expected a number in (0, 1], got 0.0"),
     ],
 )
 def test_errors_are_clean(capsys, argv, needle):
     code, out, err = _run(capsys, *argv)
     assert code == 2, (code, err)
     assert needle in err and "Traceback" not in err, err
-    assert err.startswith("jaxspec generate: error:"), err
+    assert err.startswith("jaxspec generate: error:"), err  # before "compiling and warming up"
+    assert err.count("\n") == 1, err
+
+
+def test_baseline_max_new_tokens_error_names_the_flag_not_a_tree(capsys):
+    """--baseline: the cache holds the prompt and the new tokens only; the message says
+    so before compiling, with the largest --max-new-tokens that fits."""
+    code, out, err = _run(capsys, "--prompt", "xyz", "--max-new-tokens", "1000", "--baseline")
+    assert code == 2 and out == ""
+    assert err == ("jaxspec generate: error: --max-new-tokens = 1000: expected <= 253, so that the new tokens "
+                   "and this 3-token prompt fit the target's context of 256 tokens (max_position_embeddings)\n")
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "a"])
+def test_top_k_is_a_positive_int_usage_error(capsys, value):
+    code, out, err = _run(capsys, "--prompt", "x", "--top-k", value)
+    assert code == 2 and out == ""
+    assert err.endswith(f"jaxspec generate: error: argument --top-k: expected a positive integer, got '{value}'\n")
+    assert "Traceback" not in err
+
+
+def _byte_model(folder, context, seed=0):
+    """A tiny random model on the byte tokenizer's vocabulary (264), saved to ``folder``."""
+    cfg = ModelConfig(vocab_size=264, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context)
+    save_model(init_model(cfg, jax.random.key(seed)), folder)
+    return str(folder)
+
+
+def test_room_errors_name_the_model_whose_context_is_short(capsys, tmp_path):
+    """A draft with a shorter context than the target's bounds --max-new-tokens; the
+    message names the draft's context (and comes before compiling)."""
+    draft = _byte_model(tmp_path / "draft", 64)
+    code, out, err = _run(capsys, "--prompt", "ab", "--draft", draft, "--max-new-tokens", "100")
+    assert code == 2, err
+    assert err == ("jaxspec generate: error: --max-new-tokens = 100: expected <= 57, so that the new tokens, "
+                   "this 2-token prompt and --tree chain:4 (4 slots + 1) fit the draft's context of 64 tokens "
+                   "(max_position_embeddings)\n")
+    code, out, err = _run(capsys, "--prompt", "ab", "--draft", draft, "--max-new-tokens", "100", "--baseline")
+    assert code == 0, err  # target-only: the draft's context does not matter
+
+
+def test_library_errors_use_flag_names(capsys, tmp_path):
+    """A tree that fits the context but needs more distinct siblings than the vocabulary
+    has: the library's message, in flag words (--scheme NAME, --tree SPEC), before compiling."""
+    target, draft = _byte_model(tmp_path / "t", 512), _byte_model(tmp_path / "d", 512, seed=1)
+    code, out, err = _run(capsys, "--prompt", "x", "--target", target, "--draft", draft, "--tree", "branch:265",
+                          "--max-new-tokens", "2")
+    assert code == 2, err
+    assert err == ("jaxspec generate: error: --tree branch:265: a node has 265 children, more than vocab_size = "
+                   "264 distinct tokens; --scheme without_replacement needs distinct siblings (use --scheme iid "
+                   "or a narrower tree)\n")
+
+
+def test_scheme_defaults_per_tree(capsys):
+    """No --scheme: deterministic for a dynamic tree, without_replacement for a static one;
+    --baseline reports none."""
+    common = ["--prompt", "import os\n", "--max-new-tokens", "3", "--json"]
+    code, out, err = _run(capsys, *common, "--tree", "dynamic:depth=2,topk=2,nodes=3")
+    assert code == 0, err
+    assert json.loads(out)["scheme"] == "deterministic"
+    code, out, err = _run(capsys, *common, "--tree", "chain:1")
+    assert code == 0, err
+    assert json.loads(out)["scheme"] == "without_replacement"
+    code, out, err = _run(capsys, *common, "--tree", "chain:1", "--scheme", "iid")
+    assert code == 0, err
+    assert json.loads(out)["scheme"] == "iid"
+
+
+def test_auto_tree_keeps_the_measurement_when_the_cache_cannot_be_written(capsys, monkeypatch, tmp_path):
+    """JAXSPEC_CACHE_DIR under a regular file: the cache entry cannot be written; auto_tree
+    warns on stderr (naming JAXSPEC_CACHE_DIR and the entry) and returns what it measured."""
+    from jaxspec.autotree import auto_tree
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("JAXSPEC_CACHE_DIR", str(blocker / "cache"))
+    cfg = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    target, draft = init_model(cfg, jax.random.key(0)), init_model(cfg, jax.random.key(1))
+    stream = np.random.default_rng(0).integers(0, 64, size=4096).astype(np.int32)
+    res = auto_tree(target, draft, scheme="deterministic", temperature=1.0, budgets=(1, 3), max_depth=2,
+                    held_out_tokens=stream, num_windows=4, window_len=32, loops=2, repeats=1,
+                    context_len=64, progress=False)
+    assert res.budget in (1, 3) and len(res.rows) == 2 and res.parents[0] == -1
+    assert not res.from_cache and res.cache_path is None
+    err = capsys.readouterr().err
+    assert "auto_tree: warning: cannot write the cache entry " + str(blocker / "cache" / "autotree-") in err, err
+    assert f"JAXSPEC_CACHE_DIR={blocker / 'cache'}" in err and "not cached" in err, err
+    assert err.count("\n") == 1 and blocker.read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("seed", [str(2**32), "-1", "1" + "0" * 40])
