@@ -9,9 +9,11 @@ the command line.
     jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
     jaxspec verify --samples 1e5 --json --plots plots/
 
-Exit status: 0 when every test passes, 1 when any is rejected, 2 on bad input or any
-other failure (an unwritable ``--plots`` folder, a device error): never 1 unless a test
-rejected.
+Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
+the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
+samples, e.g. a χ² test with every cell pooled into one, or a smallest detectable TV >= 1;
+see :attr:`jaxspec.verify_report.VerifyReport.verdict`), 2 on bad input or any other failure
+(an unwritable ``--plots`` folder, a device error): never 1 unless a test rejected.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from jaxspec.cli import (
 
 __all__ = []
 
+EXIT_STATUS = {"passed": 0, "rejected": 1, "inconclusive": 3}  # 2: bad input or another failure
 MAX_SAMPLES = 10**12  # --samples: days of sampling on one accelerator; int64 counts stay exact
 
 
@@ -73,7 +76,12 @@ def _parse_prompt(text: str | None, vocab_size: int):
         return None
     parts = [p.strip() for p in text.split(",")]
     if parts and all(p.lstrip("-").isdigit() for p in parts):
-        return [int(p) for p in parts]
+        ids = [int(p) for p in parts]
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab_size:
+                raise CLIError(f"--prompt[{i}] = {t}: expected a token id in [0, {vocab_size}) (the target's "
+                               "vocabulary)")
+        return ids
     from jaxspec.tokenizer import VOCAB_SIZE, ByteTokenizer
 
     if vocab_size != VOCAB_SIZE:
@@ -91,17 +99,30 @@ def _verify(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.mutants import MUTANTS
     from jaxspec.sampling import SCHEMES
 
+    p.epilog = ("exit status: 0 PASSED (every test passed), 1 REJECTED (a test rejected), 3 INCONCLUSIVE (no test "
+                "rejected, but the run has no statistical power: a test that cannot reject whatever the samples, "
+                "e.g. a chi-square test with every cell pooled into one (dof 0), or a smallest detectable TV >= 1; "
+                "the summary says how many --samples are needed), 2 bad input or another failure")
+    sampling_default = "for --scheme iid / without_replacement, 1 for deterministic"
+
     g = p.add_argument_group("decoder")
     g.add_argument("--tree", default=DEFAULT_TREE,
                    help=f"tree spec: chain:K, branch:3,2,1, parents:-1,0,0, dynamic:depth=D,topk=K,nodes=N "
                         f"(default: {DEFAULT_TREE})")
-    g.add_argument("--scheme", choices=SCHEMES, default=DEFAULT_SCHEME, help=f"default: {DEFAULT_SCHEME}")
+    g.add_argument("--scheme", choices=SCHEMES, default=None,
+                   help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
+                        "they accept)")
     g.add_argument("--temperature", type=_nonneg_float, default=1.0, help="target temperature (default: 1)")
     g.add_argument("--top-k", type=_positive_int, help="target top-k (needed for large vocabularies)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")
-    g.add_argument("--draft-temperature", type=_nonneg_float, help="default: as generate")
-    g.add_argument("--draft-top-k", type=_positive_int)
-    g.add_argument("--draft-top-p", type=_top_p)
+    g.add_argument("--draft-temperature", type=_nonneg_float,
+                   help=f"draft temperature (default: the target's --temperature {sampling_default})")
+    g.add_argument("--draft-top-k", type=_positive_int,
+                   help="draft top-k (default: the target's --top-k for --scheme iid / without_replacement, "
+                        "none for deterministic)")
+    g.add_argument("--draft-top-p", type=_top_p,
+                   help="draft top-p (default: the target's --top-p for --scheme iid / without_replacement, "
+                        "none for deterministic)")
     g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
     g = p.add_argument_group("models and prompt")
     g.add_argument("--target", help="target model name or folder (default: the tiny random pair)")
@@ -131,16 +152,23 @@ def _verify(p: argparse.ArgumentParser) -> Handler:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jaxspec.exactness import MAX_CELLS, verify
-    from jaxspec.treespec import parse_tree
+    from jaxspec.exactness import DEFAULT_SCHEME, MAX_CELLS, verify
+    from jaxspec.treespec import DynamicTree, parse_tree
 
     if (args.target is None) != (args.draft is None):
         raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
     try:
-        parse_tree(args.tree)
+        dynamic = isinstance(parse_tree(args.tree), DynamicTree)
     except ValueError as e:
         raise CLIError(f"--tree: {e}") from None
-    if args.plots:
+    if args.scheme is None:
+        args.scheme = "deterministic" if dynamic else DEFAULT_SCHEME
+    elif dynamic and args.scheme != "deterministic":
+        raise CLIError(f"--scheme {args.scheme}: a dynamic tree (--tree {args.tree}) ranks fixed candidates; "
+                       "expected --scheme deterministic (the default for dynamic trees)")
+    if args.plots is not None:
+        if not args.plots:
+            raise CLIError("--plots '': expected a folder path, got an empty string")
         check_output_dir("--plots", args.plots)
     if args.target is not None:
         from jaxspec.checkpoint import load_model
@@ -169,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None
     print(report.to_json() if args.json else report.summary())
-    if args.plots:
+    if args.plots is not None:
         for path in report.save_plots(args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    return 0 if report.passed else 1
+    return EXIT_STATUS[report.verdict]

@@ -29,6 +29,13 @@ Plus the total-variation distance to the exact law with a ``1 - alpha`` upper co
 bound and the smallest TV the joint test could have detected
 (:func:`~jaxspec.stats.min_detectable_tv`, power 0.9).
 
+Power (fixed before any sample is drawn, never tuned on outcomes): a χ² test whose law has
+more than one cell but whose cells were all pooled into one (dof 0: p = 1 whatever the
+samples), a binomial test whose most extreme outcome cannot reach its threshold, or a
+smallest detectable TV >= 1 (TV never exceeds 1) makes the report ``"inconclusive"``
+instead of ``"passed"`` (:attr:`VerifyReport.verdict`); ``samples_needed`` says how many
+samples these rules need.
+
 Cells: token sequences of positive exact probability (``V**L`` of them at most, only
 ``top_k**L`` under a top-k), plus one "outside the support" cell whose observations are a
 certain rejection. More than :data:`MAX_CELLS` cells is refused: pass a ``top_k``.
@@ -66,6 +73,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import numbers
 import re
 import time
@@ -84,7 +92,7 @@ from jaxspec.exact_laws import MAX_ACCEPT_TERMS, MAX_CELLS, ExactLaw, exact_law,
 from jaxspec.model import Transformer, init_model
 from jaxspec.sample_counts import count_samples
 from jaxspec.treespec import DynamicTree
-from jaxspec.verify_report import TestResult, VerifyReport
+from jaxspec.verify_report import MAX_MIN_DETECTABLE_TV, TestResult, VerifyReport
 
 # the module, not the function that jaxspec/__init__ may re-export under the same name
 _gen = importlib.import_module("jaxspec.generate")
@@ -205,6 +213,60 @@ def _relabel(label: str, names) -> str:
     """A stats cell label ("12", "12(p=0)", "pooled(5)") with the index replaced by its name."""
     m = re.fullmatch(r"(\d+)(.*)", label)
     return names[int(m.group(1))] + m.group(2) if m else label
+
+
+#: χ² cells with fewer expected observations are pooled (:func:`jaxspec.stats.chisquare_gof`)
+_MIN_EXPECTED = 5.0
+
+
+def _pooled_away(dof: int, cells: int) -> str:
+    """The ``no_power`` note of a χ² test of a law of ``cells`` positive cells: non-empty when
+    pooling left one cell (dof 0) of several. One cell of one (greedy) is not pooling away:
+    any sample outside it is a certain rejection."""
+    if dof == 0 and cells > 1:
+        return f"dof 0: its {cells} cells pooled into one (too few samples per cell), p = 1 whatever the samples"
+    return ""
+
+
+def _binomial_min_pvalue(n: int, e: float) -> float:
+    """The smallest p-value of the two-sided exact binomial test of ``Binomial(n, e)`` over
+    every outcome: that of an extreme (0 or ``n``; the law is unimodal)."""
+    return min(float(_scipy_stats.binomtest(k, n, e).pvalue) for k in (0, n))
+
+
+def _gof_samples(probs) -> int:
+    """The fewest samples for which the χ² pooling of ``probs`` leaves at least two cells
+    (dof >= 1); 1 for a law of one cell."""
+    p = np.asarray(probs, np.float64)
+    p = p[p > 0]
+    if p.size < 2:
+        return 1
+    q = np.sort(p)[::-1]
+    # two dense cells, or one dense cell and a dense pool of the others
+    m = max(float(q[1]), min(float(q[0]), float(q[1:].sum())))
+    if m * 2**53 <= _MIN_EXPECTED:  # a sliver of mass off one cell: a lower bound is enough
+        return 2**53
+    n = max(1, math.ceil(_MIN_EXPECTED / m))
+    while len(stats._pool(n * p, _MIN_EXPECTED)[0]) < 2:
+        n += 1
+    return n
+
+
+def _binomial_samples(e: float, threshold: float) -> int:
+    """The fewest samples whose most extreme outcome rejects ``Binomial(n, e)`` at ``threshold``."""
+    m = min(e, 1.0 - e)
+    n = 1 if m <= 0.0 else max(1, math.floor(math.log(threshold) / math.log(m)))
+    while n > 1 and _binomial_min_pvalue(n - 1, e) <= threshold:
+        n -= 1
+    while _binomial_min_pvalue(n, e) > threshold:
+        n += 1
+    return n
+
+
+def _tv_samples(n: int, mdt: float, bound: float) -> int:
+    """The fewest samples whose smallest detectable TV is below ``bound``, from its value
+    ``mdt`` at ``n`` samples (it scales as ``1 / sqrt(n)``)."""
+    return max(1, math.floor(n * (mdt / bound) ** 2) + 1)
 
 
 def _default_chunk(devices) -> int:
@@ -330,34 +392,42 @@ def verify(
     labels = [",".join(map(str, c)) for c in law.cells.tolist()] + ["outside"]
     tests = []
 
-    def chi(name, r, kind, joint=True):
+    def chi(name, r, kind, cells, joint=True):
         detail = ""
         if r.observed is not None:  # cells named by token sequences (joint) or token ids
             lbl = (tuple(_relabel(x, labels) for x in r.labels) if joint else r.labels) or None
             detail = stats.table(r.observed, r.expected, labels=lbl, max_rows=10)
         tests.append(TestResult(name, kind, float(r.statistic), int(r.dof), float(r.pvalue), a_test, int(r.n),
-                                r.note, detail))
+                                r.note, detail, _pooled_away(int(r.dof), cells)))
 
-    chi("joint chi2 vs exact", stats.chisquare_gof(spec["joint"], exact_full), "chi2_gof")
+    gof = lambda c, p: stats.chisquare_gof(c, p, min_expected=_MIN_EXPECTED)  # noqa: E731
+    n_cells = int(law.probs.size)
+    chi("joint chi2 vs exact", gof(spec["joint"], exact_full), "chi2_gof", n_cells)
     for i in range(horizon):
-        chi(f"position {i + 1} chi2 vs exact", stats.chisquare_gof(spec["marginals"][i], law.marginals[i]),
-            "chi2_gof", joint=False)
-    chi("joint two-sample chi2 vs target-only", stats.chisquare_two_sample(spec["joint"], ar["joint"]),
-        "chi2_two_sample")
-    chi("control: target-only joint chi2 vs exact", stats.chisquare_gof(ar["joint"], exact_full), "chi2_gof")
-    if acc_exp is not None:
-        for d, (k, e) in enumerate(zip(first["accepted"], acc_exp, strict=True)):
-            e = float(min(max(e, 0.0), 1.0))
-            pv = float(_scipy_stats.binomtest(int(k), num_samples, e).pvalue)
-            tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
-                                    0, pv, a_test, num_samples, f"observed {int(k)} of {num_samples}, "
-                                    f"expected {e * num_samples:.1f}"))
+        chi(f"position {i + 1} chi2 vs exact", gof(spec["marginals"][i], law.marginals[i]), "chi2_gof",
+            int(np.count_nonzero(law.marginals[i])), joint=False)
+    chi("joint two-sample chi2 vs target-only",
+        stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=_MIN_EXPECTED), "chi2_two_sample",
+        n_cells)
+    chi("control: target-only joint chi2 vs exact", gof(ar["joint"], exact_full), "chi2_gof", n_cells)
+    acc_e = [] if acc_exp is None else [float(min(max(e, 0.0), 1.0)) for e in acc_exp]
+    for d, (k, e) in enumerate(zip([] if acc_exp is None else first["accepted"], acc_e, strict=True)):
+        pv = float(_scipy_stats.binomtest(int(k), num_samples, e).pvalue)
+        p_min = _binomial_min_pvalue(num_samples, e)
+        no_power = (f"its most extreme outcome has p = {p_min:.3g} > {a_test:.3g}: cannot reject on "
+                    f"{num_samples} samples") if p_min > a_test else ""
+        tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
+                                0, pv, a_test, num_samples, f"observed {int(k)} of {num_samples}, "
+                                f"expected {e * num_samples:.1f}", no_power=no_power))
     assert len(tests) == planned
 
     tv = stats.total_variation(spec["joint"], exact_full)
     tv_up = stats.tv_upper_bound(spec["joint"], exact_full, alpha=alpha)
     tv_ar = stats.total_variation(ar["joint"], exact_full)
     mdt = stats.min_detectable_tv(num_samples, max(law.probs.size, 2), alpha=a_test)
+    samples_needed = max([_tv_samples(num_samples, mdt, MAX_MIN_DETECTABLE_TV), _gof_samples(law.probs),
+                          *(_gof_samples(m) for m in law.marginals),
+                          *(_binomial_samples(e, a_test) for e in acc_e)])
     config = {
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
@@ -408,4 +478,5 @@ def verify(
         acceptance_note=acc_note,
         tokens_per_round=float(spec["tokens"] / max(spec["rounds"], 1)),
         timings=timings,
+        samples_needed=samples_needed,
     )

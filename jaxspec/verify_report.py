@@ -13,12 +13,23 @@ import os
 import numpy as np
 from scipy import stats as _scipy_stats
 
-__all__ = ["TestResult", "VerifyReport"]
+__all__ = ["TestResult", "VerifyReport", "MAX_MIN_DETECTABLE_TV"]
+
+#: A run whose joint test detects (power 0.9) only laws at least this far in total
+#: variation from the exact law is inconclusive: TV never exceeds 1, so such a run cannot
+#: detect any deviation. Fixed in advance; not tuned on outcomes.
+MAX_MIN_DETECTABLE_TV = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class TestResult:
-    """One test of the report; ``passed`` iff ``pvalue > threshold``."""
+    """One test of the report; ``passed`` iff ``pvalue > threshold`` (not rejected).
+
+    ``no_power``: empty when the test can reject on its ``n`` samples; otherwise why it
+    cannot, whatever the samples (a χ² test whose cells were all pooled into one, dof 0;
+    a binomial test whose most extreme outcome has a p-value above ``threshold``). Such a
+    test is not evidence, and makes the report inconclusive.
+    """
 
     __test__ = False  # not a pytest class
 
@@ -31,14 +42,20 @@ class TestResult:
     n: int
     note: str = ""
     detail: str = dataclasses.field(default="", repr=False, compare=False)  # observed vs expected
+    no_power: str = ""
 
     @property
     def passed(self) -> bool:
         return self.pvalue > self.threshold
 
+    @property
+    def has_power(self) -> bool:
+        return not self.no_power
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["passed"] = self.passed
+        d["has_power"] = self.has_power
         d["statistic"] = _finite(self.statistic)
         d.pop("detail")
         return d
@@ -56,6 +73,14 @@ class VerifyReport:
     acceptance_observed / acceptance_expected: float64[D], per depth, the fraction of first
     rounds with an accepted node at that depth and its exact value (``None`` when not
     enumerated; see ``acceptance_note``).
+
+    Verdict (:attr:`verdict`): ``"rejected"`` when any test is rejected; else
+    ``"inconclusive"`` when the run has no statistical power (:attr:`inconclusive_reasons`:
+    a test that cannot reject whatever the samples, see :attr:`TestResult.no_power`, or a
+    smallest detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`); else ``"passed"``.
+    samples_needed: the fewest samples per run with which every planned test can reject
+    and the smallest detectable TV is below :data:`MAX_MIN_DETECTABLE_TV` (necessary for a
+    conclusive run; the two-sample test's pooling also depends on the counts).
     """
 
     config: dict
@@ -80,11 +105,30 @@ class VerifyReport:
     acceptance_note: str
     tokens_per_round: float
     timings: dict
+    samples_needed: int | None = None
 
     @property
     def passed(self) -> bool:
-        """True iff no test is rejected."""
-        return all(t.passed for t in self.tests)
+        """True iff no test is rejected and the run has power (:attr:`verdict` ``"passed"``)."""
+        return self.verdict == "passed"
+
+    @property
+    def inconclusive_reasons(self) -> tuple[str, ...]:
+        """Why this run cannot support a pass (empty when it can): each test without power,
+        and a smallest detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`."""
+        reasons = [f"{t.name}: {t.no_power}" for t in self.tests if t.no_power]
+        if not self.min_detectable_tv < MAX_MIN_DETECTABLE_TV:
+            reasons.append(f"smallest TV the joint test detects (power 0.9) is {self.min_detectable_tv:.4g} "
+                           f">= {MAX_MIN_DETECTABLE_TV:g}: it cannot detect any deviation")
+        return tuple(reasons)
+
+    @property
+    def verdict(self) -> str:
+        """``"rejected"`` (a test rejected), ``"inconclusive"`` (none rejected, no power) or
+        ``"passed"``."""
+        if self.rejected:
+            return "rejected"
+        return "inconclusive" if self.inconclusive_reasons else "passed"
 
     @property
     def rejected(self) -> tuple[TestResult, ...]:
@@ -100,7 +144,10 @@ class VerifyReport:
         if include_counts is None:
             include_counts = self.num_cells <= 4096
         d = {
+            "verdict": self.verdict,
             "passed": self.passed,
+            "inconclusive_reasons": list(self.inconclusive_reasons),
+            "samples_needed": self.samples_needed,
             "config": self.config,
             "alpha": self.alpha,
             "alpha_per_test": self.alpha_per_test,
@@ -149,7 +196,7 @@ class VerifyReport:
         ]
         for t in self.tests:
             lines.append(f"  {t.name:<44} {t.statistic:>12.4g} {t.dof:>5} {t.pvalue:>11.4g}  "
-                         f"{'pass' if t.passed else 'REJECTED'}")
+                         f"{'REJECTED' if not t.passed else 'pass' if t.has_power else 'no power'}")
         lines += [
             "",
             f"  TV(speculative, exact) = {self.tv:.5f}; < {self.tv_upper:.5f} with confidence {1 - self.alpha:g}",
@@ -168,8 +215,17 @@ class VerifyReport:
         for t in self.rejected:
             if t.detail:
                 lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
-        lines += ["", "PASSED: every test passed" if self.passed
-                  else f"REJECTED: {len(self.rejected)} of {len(self.tests)} tests rejected"]
+        lines.append("")
+        if self.verdict == "passed":
+            lines.append("PASSED: every test passed")
+        elif self.verdict == "rejected":
+            lines.append(f"REJECTED: {len(self.rejected)} of {len(self.tests)} tests rejected")
+        else:
+            more = (f"; at least {self.samples_needed:,} samples per run are needed"
+                    if self.samples_needed is not None and self.samples_needed > self.num_samples else "")
+            lines.append(f"INCONCLUSIVE: no test rejected, but the run has no statistical power at "
+                         f"{self.num_samples:,} samples per run{more}")
+            lines += [f"  {r}" for r in self.inconclusive_reasons]
         return "\n".join(lines)
 
     def save_plots(self, directory) -> list[str]:

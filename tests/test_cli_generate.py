@@ -187,6 +187,31 @@ def test_text_output_announces_the_untimed_first_call(capsys):
     assert json.loads(out)["num_tokens"] == 24 and out.count("\n") == 1 and "compiling" not in out
 
 
+def test_no_warmup_generates_once_and_says_the_timing_includes_compilation(capsys, monkeypatch):
+    """--no-warmup: one call (not a silent compiling call and a timed one), the same tokens
+    for the same seed, and both the stderr line and the JSON say what the timing covers."""
+    import importlib
+
+    gen = importlib.import_module("jaxspec.generate")  # the command imports it from there when it runs
+
+    calls = []
+    real = gen.generate_autoregressive
+    monkeypatch.setattr(gen, "generate_autoregressive", lambda *a, **k: calls.append(1) or real(*a, **k))
+    common = ["--prompt", "import os\n", "--max-new-tokens", "12", "--baseline", "--seed", "5"]
+    code, out, err = _run(capsys, *common, "--json")
+    assert code == 0, err
+    warm = json.loads(out)
+    assert len(calls) == 2 and warm["timing_includes_compile"] is False
+    calls.clear()
+    code, out, err = _run(capsys, *common, "--json", "--no-warmup")
+    assert code == 0, err
+    once = json.loads(out)
+    assert len(calls) == 1 and once["timing_includes_compile"] is True
+    assert once["tokens"] == warm["tokens"] and once["seconds"] == once["seconds_with_compile"]
+    code, out, err = _run(capsys, *common, "--no-warmup")
+    assert code == 0 and "compiling (the timing includes it) ..." in err and "(including compilation)" in err
+
+
 def test_temperature_zero_speculative_equals_baseline(capsys):
     """Every sibling scheme on the default pair (V = 264: the draft draws go through the
     two-level inverse CDF) gives the baseline's greedy text at temperature 0."""

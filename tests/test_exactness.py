@@ -387,3 +387,76 @@ def test_counts_identical_on_1_and_8_devices():
     assert out[8]["devices"] == out[8]["report_devices"] == 8
     assert out[1]["total"] == out[8]["total"] == 20000
     assert out[1]["hash"] == out[8]["hash"]
+
+
+# ----------------------------------------------------------------------------- verdict and power
+
+
+def test_verdict_needs_power(small_report):
+    """Rejected beats everything; else a test without power, or a smallest detectable TV >= 1
+    (the bound is inclusive), makes the run inconclusive, not passed."""
+    from jaxspec.verify_report import MAX_MIN_DETECTABLE_TV
+
+    r = small_report
+    assert MAX_MIN_DETECTABLE_TV == 1.0
+    assert r.verdict == "passed" and r.passed and r.inconclusive_reasons == ()
+    assert all(t.has_power for t in r.tests) and r.samples_needed <= r.num_samples
+    assert r.summary().endswith("\nPASSED: every test passed")
+    d = json.loads(r.to_json())
+    assert d["verdict"] == "passed" and d["inconclusive_reasons"] == [] and d["samples_needed"] == r.samples_needed
+
+    powerless = dataclasses.replace(r.tests[1], no_power="dof 0: pooled")
+    weak = dataclasses.replace(r, tests=(r.tests[0], powerless, *r.tests[2:]))
+    assert weak.verdict == "inconclusive" and not weak.passed and not weak.rejected
+    assert weak.inconclusive_reasons == ("position 1 chi2 vs exact: dof 0: pooled",)
+    assert "\nINCONCLUSIVE: no test rejected" in weak.summary() and "PASSED" not in weak.summary()
+    assert json.loads(weak.to_json())["verdict"] == "inconclusive"
+
+    blind = dataclasses.replace(r, min_detectable_tv=1.0)
+    assert blind.verdict == "inconclusive" and "smallest TV" in blind.inconclusive_reasons[0]
+    assert dataclasses.replace(r, min_detectable_tv=0.999).verdict == "passed"
+
+    rejected = dataclasses.replace(r.tests[0], pvalue=0.0)
+    both = dataclasses.replace(weak, tests=(rejected, *weak.tests[1:]), min_detectable_tv=4.0)
+    assert both.verdict == "rejected" and not both.passed
+    assert both.summary().splitlines()[-1] == f"REJECTED: 1 of {len(r.tests)} tests rejected"
+
+
+def test_power_rules_and_the_samples_they_need():
+    """Each helper returns the fewest samples at which its rule holds (one fewer fails it)."""
+    from jaxspec import stats
+
+    for probs in ([0.5, 0.3, 0.15, 0.03, 0.02], [0.9, 0.05, 0.05], [0.25] * 4, [1 - 1e-6, 1e-6], [0.0, 0.6, 0.4]):
+        p = np.asarray(probs)
+        n = exactness._gof_samples(p)
+
+        def dof(m):  # chisquare_gof pools on m * p: any counts summing to m give this dof
+            c = np.floor(m * p).astype(np.int64)
+            c[np.argmax(p)] += m - c.sum()
+            return stats.chisquare_gof(c, p).dof
+
+        assert dof(n) >= 1 and (n == 1 or dof(n - 1) == 0), (probs, n)
+    assert exactness._gof_samples([1.0]) == exactness._gof_samples([0.0, 1.0, 0.0]) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on a sliver of mass: a lower bound instead
+        assert exactness._gof_samples([1.0, 5e-324]) == 2**53
+
+    thr = 1e-3 / 8
+    for e in (0.6012, 0.409, 0.5, 0.99, 0.0, 1.0):
+        n = exactness._binomial_samples(e, thr)
+        assert exactness._binomial_min_pvalue(n, e) <= thr
+        assert n == 1 or exactness._binomial_min_pvalue(n - 1, e) > thr
+    assert exactness._binomial_samples(0.5, thr) == 14  # 2 * 2**-n <= 1.25e-4
+
+    for n0, k in ((1, 64), (7, 16), (1000, 2)):
+        mdt = stats.min_detectable_tv(n0, k, alpha=thr)
+        n = exactness._tv_samples(n0, mdt, 1.0)
+        assert stats.min_detectable_tv(n, k, alpha=thr) < 1.0
+        assert n == 1 or stats.min_detectable_tv(n - 1, k, alpha=thr) >= 1.0
+
+    # dof 0 is "no power" only when several cells were pooled; a one-cell law (greedy) keeps
+    # its power: a sample outside that cell is a certain rejection
+    assert exactness._pooled_away(0, 64).startswith("dof 0: its 64 cells pooled into one")
+    assert exactness._pooled_away(0, 1) == "" and exactness._pooled_away(1, 64) == ""

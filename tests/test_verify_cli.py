@@ -143,3 +143,111 @@ def test_unwritable_plots_after_a_passing_run_exit_2(tmp_path, capsys, monkeypat
     assert code == 2, captured.err
     assert json.loads(captured.out)["passed"] is True
     assert captured.err.endswith(f"jaxspec verify: error: [Errno 13] Permission denied: '{tmp_path / 'marginals.png'}'\n")
+
+
+# ----------------------------------------------------------------------------- verdict without power
+
+
+def test_no_power_is_inconclusive_exit_3(capsys):
+    """One sample: every chi-square test pools its cells into one (dof 0, p = 1 whatever the
+    samples) and the smallest detectable TV exceeds 1: exit 3 and INCONCLUSIVE, never PASSED;
+    the JSON carries the verdict, its reasons and the sample count the rules need."""
+    argv = ["verify", "--samples", "1", "--no-acceptance", "--no-progress"]
+    assert cli.main([*argv, "--json"]) == 3
+    d = json.loads(capsys.readouterr().out)
+    assert d["verdict"] == "inconclusive" and d["passed"] is False
+    assert all(t["passed"] and not t["has_power"] and t["dof"] == 0 for t in d["tests"])
+    assert d["min_detectable_tv"] >= 1
+    reasons = d["inconclusive_reasons"]
+    assert len(reasons) == len(d["tests"]) + 1 and "dof 0" in reasons[0] and "smallest TV" in reasons[-1]
+    assert d["samples_needed"] > 1
+
+    assert cli.main(argv) == 3
+    out = capsys.readouterr().out
+    assert "PASSED" not in out and out.count("no power") == len(d["tests"])
+    verdict = [line for line in out.splitlines() if line.startswith("INCONCLUSIVE: ")]
+    assert verdict == [f"INCONCLUSIVE: no test rejected, but the run has no statistical power at 1 samples per "
+                       f"run; at least {d['samples_needed']:,} samples per run are needed"]
+
+
+def test_samples_needed_gives_a_conclusive_run(capsys):
+    """The count an inconclusive run names is enough for the power rules (here it passes)."""
+    assert cli.main(["verify", "--samples", "2", "--no-acceptance", "--no-progress", "--json"]) == 3
+    needed = json.loads(capsys.readouterr().out)["samples_needed"]
+    assert 2 < needed < 1000
+    assert cli.main(["verify", "--samples", str(needed), "--no-acceptance", "--no-progress", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["verdict"] == "passed" and d["inconclusive_reasons"] == [] and d["min_detectable_tv"] < 1
+    assert all(t["has_power"] and t["dof"] >= 1 for t in d["tests"])
+
+
+def test_help_documents_exit_status_and_draft_defaults(capsys):
+    assert cli.main(["verify", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 INCONCLUSIVE" in out and "1 REJECTED" in out and "0 PASSED" in out
+    assert "as generate" not in out
+    assert ("--draft-temperature DRAFT_TEMPERATURE draft temperature (default: the target's --temperature for "
+            "--scheme iid / without_replacement, 1 for deterministic)") in out
+    assert "dynamic trees: deterministic" in out
+
+
+# ----------------------------------------------------------------------------- refused before sampling
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plots", ""], "--plots '': expected a folder path, got an empty string"),
+        (["--prompt", "1,2,99999"], "--prompt[2] = 99999: expected a token id in [0, 4)"),
+        (["--prompt", "1,-1"], "--prompt[1] = -1: expected a token id in [0, 4)"),
+        (["--tree", "dynamic:depth=2,topk=2,nodes=3", "--scheme", "iid"],
+         "--scheme iid: a dynamic tree (--tree dynamic:depth=2,topk=2,nodes=3) ranks fixed candidates; "
+         "expected --scheme deterministic"),
+        (["--temperature", "1e39"], "argument --temperature: expected a non-negative number (at most 3.4e38), "
+                                    "got '1e39'"),
+        (["--draft-temperature", "1e39"], "argument --draft-temperature: expected a non-negative number"),
+        (["--temperature", "inf"], "argument --temperature: expected a non-negative number"),
+    ],
+)
+def test_refused_before_sampling(argv, message, capsys, monkeypatch):
+    import warnings
+
+    _no_sampling(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. numpy's "overflow encountered in cast"
+        assert cli.main(["verify", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]  # argparse's own errors follow its usage
+    assert errors == [err.splitlines()[-1]] and message in errors[0] and "Traceback" not in err, err
+    assert "scheme = " not in err and "scheme='" not in err
+
+
+def test_float32_range_is_accepted():
+    args = cli.build_parser().parse_args(["verify", "--temperature", "3.4e38", "--draft-temperature", "0"])
+    assert args.temperature == 3.4e38 and args.draft_temperature == 0.0
+
+
+@pytest.mark.parametrize(
+    "argv, scheme",
+    [
+        (["--tree", "dynamic:depth=2,topk=2,nodes=3"], "deterministic"),
+        (["--tree", "dynamic:depth=2,topk=2,nodes=3", "--scheme", "deterministic"], "deterministic"),
+        ([], "iid"),
+        (["--tree", "chain:2", "--scheme", "without_replacement"], "without_replacement"),
+    ],
+)
+def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
+    """--scheme not given: deterministic for a dynamic tree (the only scheme it accepts),
+    iid otherwise; given: passed through."""
+    import jaxspec.exactness
+
+    seen = {}
+
+    def capture(*a, **k):
+        seen.update(k)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(jaxspec.exactness, "verify", capture)
+    assert cli.main(["verify", "--no-progress", *argv]) == 2
+    assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
+    assert seen["scheme"] == scheme
