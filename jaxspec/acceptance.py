@@ -60,7 +60,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import tree as _tree
-from jaxspec.sampling import SCHEMES, _check_scheme, _sum_last, check_key, row_sum_tol, sample_categorical
+from jaxspec.sampling import (
+    SCHEMES,
+    _check_scheme,
+    _check_tokens,
+    _dtype,
+    _sum_last,
+    check_key,
+    row_sum_tol,
+    sample_categorical,
+)
 
 __all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
 
@@ -868,11 +877,6 @@ def _result(tokens, num_accepted, last, accepted_nodes, extra) -> AcceptResult:
     )
 
 
-def _dtype(x):
-    """The dtype of an array or of a (nested) list / scalar as numpy reads it."""
-    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
-
-
 def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
     """Boundary validation: shapes and dtypes always, values when concrete."""
     _check_scheme(scheme)
@@ -886,8 +890,6 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
     tok_shape = np.shape(tokens)
     if tok_shape != (n,):
         raise ValueError(f"tokens: expected shape ({n},) to match parents, got {tok_shape}")
-    if not jnp.issubdtype(_dtype(tokens), jnp.integer):
-        raise ValueError(f"tokens: expected an integer dtype, got {_dtype(tokens)}")
     shapes = {}
     for name, arr in (("target_probs", target_probs), ("draft_probs", draft_probs)):
         shape = np.shape(arr)
@@ -902,12 +904,7 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
             f"draft_probs: vocabulary size {shapes['draft_probs'][1]} differs from "
             f"target_probs' {v}"
         )
-    if _tree.is_concrete(tokens):
-        t = np.asarray(tokens)
-        bad = np.flatnonzero((t < 0) | (t >= v))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"tokens[{i}] = {int(t[i])}: expected a token id in [0, {v})")
+    _check_tokens(tokens, v)  # integer dtype always, ids in [0, V) when concrete
     used_draft_rows = None if par is None else np.unique(par + 1)
     for name, arr, rows in (
         ("target_probs", target_probs, None),

@@ -61,7 +61,7 @@ from jaxspec.cache import commit, init_cache
 from jaxspec.draft import Warp, propose_static
 from jaxspec.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.model import Transformer
-from jaxspec.optimize import _is_int, measure_acceptance, optimize_tree
+from jaxspec.optimize import _check_draws, _is_int, measure_acceptance, optimize_tree
 from jaxspec.treespec import StaticTree
 
 __all__ = [
@@ -561,17 +561,13 @@ def auto_tree(
         raise ValueError(f"draft_{e}") from None
     budgets = _check_budgets(budgets)
     max_depth = _check_pos("max_depth", max_depth)
-    if scheme != "deterministic" and key is None:
-        raise ValueError(f"key: scheme={scheme!r} draws siblings at random; pass a jax.random.key")
-    if key is not None:
-        key = sampling.check_key(key)
+    num_draws, key = _check_draws(scheme, key, num_draws)  # a key unless deterministic
     if scheme != "iid" and budgets[-1] > v:
         raise ValueError(f"budgets: {budgets[-1]} nodes could need more than vocab_size = {v} distinct "
                          f"siblings under scheme={scheme!r}; expected budgets <= {v}")
     num_windows = _check_pos("num_windows", num_windows)
     window_len = _check_pos("window_len", window_len, 2)
     max_rank = min(_check_pos("max_rank", max_rank), budgets[-1], v)
-    num_draws = _check_pos("num_draws", num_draws)
     batch_size = _check_pos("batch_size", batch_size)
     loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
     limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)

@@ -277,8 +277,8 @@ def _distill(p: argparse.ArgumentParser) -> Handler:
         mc = _model_config(args)
         tc = _train_config(args, mc)
         _check_output_dirs(args)
-        target = _load_flag_model("--target", args.target)
-        init = _load_flag_model("--init", args.init) if args.init else None
+        target = load_flag_model("--target", args.target)
+        init = load_flag_model("--init", args.init) if args.init else None
         try:
             r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
                         progress=not args.no_progress, export_dir=args.export, init_draft=init,
@@ -323,14 +323,27 @@ def _say_where_to_resume(command: str, out) -> None:
           "with --resume to continue from it", file=sys.stderr)
 
 
-def _load_flag_model(flag: str, name: str):
-    """``load_model(name)``; its errors name the flag that gave ``name``."""
+def load_flag_model(flag: str, name: str):
+    """``load_model(name)`` for a command's flag; its errors name the flag that gave
+    ``name`` (``--draft: load_model: unknown model 'foo'; ...``)."""
     from jaxspec.checkpoint import load_model
 
     try:
         return load_model(name)
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(f"{flag}: {e}") from None
+
+
+def resolve_scheme(scheme: str | None, tree_spec: str, dynamic: bool, default: str) -> str:
+    """The ``--scheme`` of a command with a ``--tree``: when not given, ``deterministic``
+    for a dynamic tree (the only scheme it takes) and ``default`` otherwise; an explicit
+    scheme a dynamic tree cannot use is a :class:`CLIError` naming both flags."""
+    if scheme is None:
+        return "deterministic" if dynamic else default
+    if dynamic and scheme != "deterministic":
+        raise CLIError(f"--scheme {scheme}: a dynamic tree (--tree {tree_spec}) ranks fixed candidates; "
+                       "expected --scheme deterministic (the default for dynamic trees)")
+    return scheme
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -31,7 +31,7 @@ import re
 import sys
 import time
 
-from jaxspec.cli import CLIError, Handler, _positive_int, _seed, command
+from jaxspec.cli import CLIError, Handler, _positive_int, _seed, command, load_flag_model, resolve_scheme
 
 __all__: list[str] = []
 
@@ -188,27 +188,21 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
                 tree = parse_tree(args.tree)
             except ValueError as e:
                 raise CLIError(f"--tree: {e}") from None
-        dynamic = isinstance(tree, DynamicTree)
-        if args.scheme is None:
-            args.scheme = "deterministic" if dynamic else DEFAULT_SCHEME
-        elif dynamic and args.scheme != "deterministic" and not args.baseline:
-            raise CLIError(
-                f"--scheme {args.scheme}: a dynamic tree (--tree {args.tree}) ranks fixed candidates; "
-                "expected --scheme deterministic (the default for dynamic trees)"
-            )
+        if not args.baseline:  # --baseline uses no scheme (its JSON reports none)
+            args.scheme = resolve_scheme(args.scheme, args.tree, isinstance(tree, DynamicTree), DEFAULT_SCHEME)
         tok = _tokenizer(args.target, "--target")
         if not args.baseline:
             _check_same_tokenizer(tok, _tokenizer(args.draft, "--draft"), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
-        target = _load(args.target, "--target")
+        target = load_flag_model("--target", args.target)
         if not isinstance(tok, ByteTokenizer) and tok.vocab_size > target.config.vocab_size:
             raise CLIError(
                 f"--target {args.target}: its tokenizer has {tok.vocab_size} tokens but the model's "
                 f"vocab_size is {target.config.vocab_size}"
             )
-        draft = None if args.baseline else _load(args.draft, "--draft")
+        draft = None if args.baseline else load_flag_model("--draft", args.draft)
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
@@ -309,21 +303,6 @@ def _generate(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
-def _model_error(flag: str, e: Exception) -> CLIError:
-    """A loading error naming the flag: ``--draft: load_model: unknown model 'foo'; ...``."""
-    return CLIError(f"{flag}: {e}")
-
-
-def _load(name: str, flag: str):
-    """:func:`jaxspec.checkpoint.load_model`, its errors naming ``flag``."""
-    from jaxspec.checkpoint import load_model
-
-    try:
-        return load_model(name)
-    except (ValueError, FileNotFoundError) as e:
-        raise _model_error(flag, e) from None
-
-
 def _tokenizer(name: str, flag: str):
     """The model's tokenizer.json (HFTokenizer) if its folder has one, else the byte tokenizer."""
     from jaxspec.checkpoint import resolve_model_path
@@ -333,7 +312,7 @@ def _tokenizer(name: str, flag: str):
     try:
         folder = resolve_model_path(name)
     except (ValueError, FileNotFoundError) as e:
-        raise _model_error(flag, e) from None
+        raise CLIError(f"{flag}: {e}") from None
     if not (folder / TOKENIZER_FILE).is_file():
         return ByteTokenizer()
     try:
@@ -347,8 +326,6 @@ def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
     context of the target (and of the draft): the KV cache holds the prompt, the new
     tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.generate.build_config`).
     ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
-    from jaxspec.treespec import DynamicTree
-
     limits = {"target": target.config.max_position_embeddings}
     if draft is not None:
         limits["draft"] = draft.config.max_position_embeddings
@@ -363,7 +340,7 @@ def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
         smallest = min(args.auto_budgets or DEFAULT_BUDGETS)
         reserve, tree_words = smallest + 1, f"the smallest --tree auto candidate ({smallest} nodes + 1)"
     else:
-        slots = max(tree.num_nodes, tree.expansion_slots) if isinstance(tree, DynamicTree) else tree.num_nodes
+        slots = tree.cache_slots
         reserve, tree_words = slots + 1, f"--tree {args.tree} ({slots} slots + 1)"
         if ctx - reserve < 2:  # not even a 1-token prompt and one new token fit
             raise CLIError(

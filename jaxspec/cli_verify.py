@@ -31,6 +31,7 @@ from jaxspec.cli import (
     arg_type,
     check_output_dir,
     command,
+    resolve_scheme,
 )
 
 __all__ = []
@@ -161,15 +162,9 @@ def _run(args: argparse.Namespace) -> int:
         dynamic = isinstance(parse_tree(args.tree), DynamicTree)
     except ValueError as e:
         raise CLIError(f"--tree: {e}") from None
-    if args.scheme is None:
-        args.scheme = "deterministic" if dynamic else DEFAULT_SCHEME
-    elif dynamic and args.scheme != "deterministic":
-        raise CLIError(f"--scheme {args.scheme}: a dynamic tree (--tree {args.tree}) ranks fixed candidates; "
-                       "expected --scheme deterministic (the default for dynamic trees)")
+    args.scheme = resolve_scheme(args.scheme, args.tree, dynamic, DEFAULT_SCHEME)
     if args.plots is not None:
-        if not args.plots:
-            raise CLIError("--plots '': expected a folder path, got an empty string")
-        check_output_dir("--plots", args.plots)
+        check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
         from jaxspec.checkpoint import load_model
 

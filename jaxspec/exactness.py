@@ -215,10 +215,6 @@ def _relabel(label: str, names) -> str:
     return names[int(m.group(1))] + m.group(2) if m else label
 
 
-#: χ² cells with fewer expected observations are pooled (:func:`jaxspec.stats.chisquare_gof`)
-_MIN_EXPECTED = 5.0
-
-
 def _pooled_away(dof: int, cells: int) -> str:
     """The ``no_power`` note of a χ² test of a law of ``cells`` positive cells: non-empty when
     pooling left one cell (dof 0) of several. One cell of one (greedy) is not pooling away:
@@ -244,10 +240,10 @@ def _gof_samples(probs) -> int:
     q = np.sort(p)[::-1]
     # two dense cells, or one dense cell and a dense pool of the others
     m = max(float(q[1]), min(float(q[0]), float(q[1:].sum())))
-    if m * 2**53 <= _MIN_EXPECTED:  # a sliver of mass off one cell: a lower bound is enough
+    if m * 2**53 <= stats.MIN_EXPECTED:  # a sliver of mass off one cell: a lower bound is enough
         return 2**53
-    n = max(1, math.ceil(_MIN_EXPECTED / m))
-    while len(stats._pool(n * p, _MIN_EXPECTED)[0]) < 2:
+    n = max(1, math.ceil(stats.MIN_EXPECTED / m))
+    while len(stats._pool(n * p, stats.MIN_EXPECTED)[0]) < 2:
         n += 1
     return n
 
@@ -400,14 +396,14 @@ def verify(
         tests.append(TestResult(name, kind, float(r.statistic), int(r.dof), float(r.pvalue), a_test, int(r.n),
                                 r.note, detail, _pooled_away(int(r.dof), cells)))
 
-    gof = lambda c, p: stats.chisquare_gof(c, p, min_expected=_MIN_EXPECTED)  # noqa: E731
+    gof = lambda c, p: stats.chisquare_gof(c, p, min_expected=stats.MIN_EXPECTED)  # noqa: E731
     n_cells = int(law.probs.size)
     chi("joint chi2 vs exact", gof(spec["joint"], exact_full), "chi2_gof", n_cells)
     for i in range(horizon):
         chi(f"position {i + 1} chi2 vs exact", gof(spec["marginals"][i], law.marginals[i]), "chi2_gof",
             int(np.count_nonzero(law.marginals[i])), joint=False)
     chi("joint two-sample chi2 vs target-only",
-        stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=_MIN_EXPECTED), "chi2_two_sample",
+        stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=stats.MIN_EXPECTED), "chi2_two_sample",
         n_cells)
     chi("control: target-only joint chi2 vs exact", gof(ar["joint"], exact_full), "chi2_gof", n_cells)
     acc_e = [] if acc_exp is None else [float(min(max(e, 0.0), 1.0)) for e in acc_exp]

@@ -687,10 +687,7 @@ def build_config(
             scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
         ),
     )
-    scratch = spec.num_nodes
-    if isinstance(spec, DynamicTree):
-        scratch = max(spec.num_nodes, spec.expansion_slots)
-    capacity = int(prompt_length) + m + scratch + 1
+    capacity = int(prompt_length) + m + spec.cache_slots + 1
     for name, model in (("target", target), ("draft", draft)):
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"

@@ -469,11 +469,16 @@ def _check_law_values(probs, name: str, *, normalized: bool) -> None:
             )
 
 
+def _dtype(x):
+    """The dtype of an array or of a (nested) list / scalar as numpy reads it."""
+    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
 def _check_tokens(tokens, v: int, name: str = "tokens") -> jax.Array:
     """``tokens`` as int32[n]: 1-D and of an integer dtype always, ids in ``[0, v)`` when
     concrete; ``ValueError`` naming ``name`` otherwise."""
     shape = np.shape(tokens)
-    dtype = tokens.dtype if hasattr(tokens, "dtype") else np.asarray(tokens).dtype
+    dtype = _dtype(tokens)
     if len(shape) != 1:
         raise ValueError(f"{name}: expected a 1-D array of token ids int32[n], got shape {shape}")
     if not jnp.issubdtype(dtype, jnp.integer):

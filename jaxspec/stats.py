@@ -99,6 +99,10 @@ def _as_probs(probs, shape) -> np.ndarray:
     return p / p.sum()
 
 
+#: default pooling threshold of the χ² tests: cells expected to hold fewer observations are pooled
+MIN_EXPECTED = 5.0
+
+
 def _check_min_expected(x) -> float:
     """A finite pooling threshold >= 0 (0: no cell is sparse, nothing is pooled)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real) or not (
@@ -154,7 +158,7 @@ def _pvalue(stat: float, dof: int) -> float:
 # --------------------------------------------------------------------------- tests
 
 
-def chisquare_gof(counts, probs, *, min_expected: float = 5.0) -> ChiSquareResult:
+def chisquare_gof(counts, probs, *, min_expected: float = MIN_EXPECTED) -> ChiSquareResult:
     """χ² goodness of fit of ``counts`` int[K] to the law ``probs`` float[K].
 
     Cells with expected count ``n * probs < min_expected`` are pooled into one cell (grown
@@ -197,7 +201,7 @@ def chisquare_gof(counts, probs, *, min_expected: float = 5.0) -> ChiSquareResul
     return ChiSquareResult(stat, dof, _pvalue(stat, dof), n, pooled_cells, note, obs, exp, labels)
 
 
-def chisquare_two_sample(counts_a, counts_b, *, min_expected: float = 5.0) -> ChiSquareResult:
+def chisquare_two_sample(counts_a, counts_b, *, min_expected: float = MIN_EXPECTED) -> ChiSquareResult:
     """χ² homogeneity test: were ``counts_a`` and ``counts_b`` (int[K], any sizes) drawn
     from the same law?
 

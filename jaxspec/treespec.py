@@ -77,6 +77,11 @@ class StaticTree:
     def num_nodes(self) -> int:
         return len(self.parents)
 
+    @property
+    def cache_slots(self) -> int:
+        """KV-cache slots a round writes past the committed tokens, besides the root: N."""
+        return self.num_nodes
+
     @functools.cached_property
     def parents_array(self) -> np.ndarray:
         """``int32[N]`` (breadth first)."""
@@ -173,6 +178,12 @@ class DynamicTree:
     def expansion_slots(self) -> int:
         """Scratch cache slots used while expanding: ``(depth - 1) * topk``."""
         return (self.depth - 1) * self.topk
+
+    @property
+    def cache_slots(self) -> int:
+        """KV-cache slots a round writes past the committed tokens, besides the root: the
+        tree's N nodes or the expansion's scratch, whichever is more."""
+        return max(self.num_nodes, self.expansion_slots)
 
     def __str__(self) -> str:
         return f"dynamic:depth={self.depth},topk={self.topk},nodes={self.num_nodes}"

@@ -197,7 +197,7 @@ def test_help_documents_exit_status_and_draft_defaults(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--plots", ""], "--plots '': expected a folder path, got an empty string"),
+        (["--plots", ""], "--plots '': expected a folder path, got an empty one"),
         (["--prompt", "1,2,99999"], "--prompt[2] = 99999: expected a token id in [0, 4)"),
         (["--prompt", "1,-1"], "--prompt[1] = -1: expected a token id in [0, 4)"),
         (["--tree", "dynamic:depth=2,topk=2,nodes=3", "--scheme", "iid"],
