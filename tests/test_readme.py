@@ -24,3 +24,23 @@ def test_quickstart_has_exactly_two_commands():
     assert len(commands) == 2
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci  # CI runs the second command verbatim
+
+
+def test_readme_tree_example_prints_what_its_comments_say():
+    """The first block's commented outputs (the 6-node mask, the depths, the size of
+    branching((3, 2, 1))) are what it prints, character for character."""
+    import contextlib
+    import io
+
+    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+    lines = block.splitlines()
+    prints = [line for line in lines if line.startswith("print(")]
+    assert len(prints) == 3
+    # the mask's rows are the comment lines under the first print; the other two prints
+    # carry their output as a trailing comment
+    expected = [line[2:] for line in lines if line.startswith("# ")]
+    expected += [line.rsplit("# ", 1)[1] for line in prints[1:]]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(compile(block, str(README), "exec"), {})
+    assert buf.getvalue().splitlines() == expected

@@ -382,6 +382,11 @@ def _turns(r: dict) -> str:
     return f"[{lo_hi[0]:.2f}–{lo_hi[1]:.2f}] " if lo_hi else ""
 
 
+def _upper(rows: list[dict]) -> list[float]:
+    """Top of each row's measured bar: the fastest turn's speedup when recorded."""
+    return [max(r["speedup"], (r.get("speedup_turn_range") or [0.0, 0.0])[1]) for r in rows]
+
+
 def plot(report: dict, path) -> None:
     """Measured and ideal speedup per tree; one panel per (batch, temperature)."""
     plt = common.pyplot()
@@ -397,13 +402,16 @@ def plot(report: dict, path) -> None:
         ax.bar(x - 0.2, ys, 0.4, yerr=err, capsize=2, error_kw={"lw": 0.8},
                label="measured speedup (whiskers: slowest-fastest turn)")
         ax.bar(x + 0.2, [r["ideal_speedup"] for r in rows], 0.4, label="ideal (from tau and costs)")
-        for i, r in enumerate(rows):
-            ax.text(i, max(r["speedup"], r["ideal_speedup"]) * 1.02, f"tau {r['tau']:.2f}", ha="center", fontsize=8)
+        tops = [max(r["ideal_speedup"], hi) for r, hi in zip(rows, _upper(rows))]
+        for i, (r, top) in enumerate(zip(rows, tops)):
+            ax.text(i, top * 1.02, f"tau {r['tau']:.2f}", ha="center", va="bottom", fontsize=8)
+        # headroom above the tallest bar / whisker and its label for the legend
+        ax.set_ylim(0, 1.35 * max(tops + [1.0]))
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(x, [r["tree"].replace("dynamic:", "dyn:") for r in rows], rotation=25, ha="right", fontsize=8)
         ax.set_title(f"temperature {temp:g}, batch {batch} ({report['machine']['backend']}, {report['size']})")
         ax.set_ylabel("speedup vs target-only")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     fig.tight_layout()
