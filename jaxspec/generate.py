@@ -120,11 +120,16 @@ class _Hooks:
     accept_rows:  ``(target_probs [N+1, V], draft_probs [N+1, V], parents [N]) ->
                   (target_probs, draft_probs)`` handed to the acceptance rule (one row).
     accept_fn:    an acceptance rule with the signature of ``_accept_core`` (one row).
+    commit_args:  ``(offsets int32[B, N+1], num int32[B]) -> (offsets, num)`` handed to
+                  ``commit`` for both caches after acceptance: which slots are kept, and
+                  so the new ``lengths``, the slot at which the next round writes the
+                  emitted residual/bonus token's K/V (as its root).
     """
 
     verify_mask: Callable | None = None
     accept_rows: Callable | None = None
     accept_fn: Callable | None = None  # replaces _accept_core(key, parents, tokens, tp, dp, scheme)
+    commit_args: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +290,8 @@ def _spec_impl(
         was_active = st.emit.active
         offsets = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), res.accepted_nodes + 1], axis=1)
         num = jnp.where(was_active, res.num_tokens, 0)
+        if hooks.commit_args is not None:
+            offsets, num = hooks.commit_args(offsets, num)
         tcache = commit(tcache, offsets, num)
         dcache = commit(dcache, offsets, num)
 

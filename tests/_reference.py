@@ -23,7 +23,10 @@ class RefResult(NamedTuple):
     num_tokens: jax.Array
 
 
-MUTANTS = ("no-residual-update", "unrenormalized-q", "depth-row", "reused-uniform")
+#: broken variants of the walk itself (``reference_accept(..., bug=...)``)
+WALK_MUTANTS = ("no-residual-update", "unrenormalized-q", "depth-row", "reused-uniform")
+#: all mutants; "warp-mismatch" breaks what the walk is handed (:func:`warp_mismatch_accept`)
+MUTANTS = WALK_MUTANTS + ("warp-mismatch",)
 
 
 def inverse_cdf(p, u):
@@ -34,7 +37,7 @@ def inverse_cdf(p, u):
 
 def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme, bug=None):
     """Sequential walk -> RefResult(tokens int32[N + 1] -1 padded, num_accepted, num_tokens)."""
-    assert bug is None or bug in MUTANTS, bug
+    assert bug is None or bug in WALK_MUTANTS, bug
     parents = np.asarray(parents, np.int32)
     n = parents.shape[0]
     v = target_probs.shape[-1]
@@ -119,6 +122,32 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
     )
     s = jax.lax.while_loop(cond, body, init)
     return RefResult(s[6], s[4], s[4] + 1)
+
+
+def row_contexts(draft_probs, warped):
+    """int32[rows]: for each row of ``draft_probs`` the context c with ``warped[c]`` equal
+    to it, bit for bit (the chains in tests/_ngram.py gather the rows from the table)."""
+    match = jnp.all(jnp.asarray(draft_probs)[:, None, :] == jnp.asarray(warped)[None], axis=-1)
+    return jnp.argmax(match, axis=-1).astype(jnp.int32)
+
+
+def warp_mismatch_accept(warped, raw):
+    """The mutant "warp-mismatch" (docs/DESIGN.md §2: q computed under different warps than
+    the draws) -> an ``accept_fn`` for tests/_ngram.py's chains drafting from ``warped``.
+
+    The draft tokens were drawn from the rows of the ``warped`` draft table (e.g. temperature
+    0.9, top-k 2), but the (otherwise unbroken) reference walk is handed the *unwarped*
+    rows ``raw`` of the same contexts as q. ``warped`` must have distinct rows.
+    """
+    warped = np.asarray(warped, np.float32)
+    assert len({row.tobytes() for row in warped}) == len(warped), "warped rows must differ"
+    w, r = jnp.asarray(warped), jnp.asarray(raw, jnp.float32)
+
+    def accept(key, parents, tokens, target_probs, draft_probs, *, scheme):
+        q = r[row_contexts(draft_probs, w)]
+        return reference_accept(key, parents, tokens, target_probs, q, scheme=scheme)
+
+    return accept
 
 
 def reference_probabilities(parents, tokens, target_probs, draft_probs, *, scheme):

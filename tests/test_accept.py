@@ -479,7 +479,11 @@ def test_low_precision_rows_are_checked_at_their_own_precision():
     p = jnp.tile(jnp.array([0.1, 0.2, 0.3, 0.4], jnp.bfloat16), (3, 1))
     assert abs(float(jnp.sum(p[0].astype(jnp.float32))) - 1) > 1e-3
     r = speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]), p, p, scheme="iid")
-    assert int(r.num_tokens) >= 1
+    # p == q: min(1, p(x)/q(x)) = 1, so both drafts are accepted, then one bonus token
+    assert int(r.num_accepted) == 2 and int(r.num_tokens) == 3
+    toks = np.asarray(r.tokens)
+    np.testing.assert_array_equal(toks[:2], [1, 2])
+    assert 0 <= toks[2] < 4  # bonus from row 2, whose support is all four tokens
     with pytest.raises(ValueError, match=r"target_probs\[0\] sums to 1\.1.*tolerance 0\.0078125"):
         speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]),
                            p.at[0, 0].set(0.2), p, scheme="iid")

@@ -14,7 +14,9 @@ nodes, the usual case here, was judged on its accepted tokens only).
 * warped target laws (temperature / top-k / top-p), and temperature 0 = greedy exactly;
 * analytic acceptance: chain k = 5 at alpha = 0.7, and the enumerated expectation for
   branching trees (tests/_exact.py);
-* power: the same harness rejects four deliberately broken rules with p < 1e-6.
+* power: the same harness rejects five deliberately broken rules with p < 1e-6 (the
+  fifth, "warp-mismatch", draws the drafts from a warped draft law but hands the rule the
+  unwarped rows as q; run on 2^18 chains), each paired with its unbroken control.
 
 Thresholds: family-wise alpha 1e-3, Bonferroni over at most NUM_TESTS p-values (the
 goodness-of-fit and two-sample tests of this file), so each exactness p-value must exceed
@@ -36,7 +38,7 @@ from _ngram import (
     make_target_only_chain,
     marginals,
 )
-from _reference import MUTANTS, reference_accept
+from _reference import MUTANTS, reference_accept, row_contexts, warp_mismatch_accept
 
 import jaxspec
 from jaxspec import sampling
@@ -44,7 +46,7 @@ from jaxspec.acceptance import SCHEMES, speculative_accept
 from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 150  # 9 + 6 + 4 cases x (joint, L marginals, two-sample) = 133 p-values
+NUM_TESTS = 150  # 9 + 6 + 5 cases x (joint, L marginals, two-sample) = 140 p-values
 THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)
 MUTANT_THRESH = 1e-6
 V, L, C0 = 4, 5, 0
@@ -69,6 +71,14 @@ WARPS = {
     "none": {},
     "t0.7_topk3": dict(temperature=0.7, top_k=3),
     "t1.3_topp0.8": dict(temperature=1.3, top_p=0.8),
+}
+
+
+# the draft tables: D_TAB itself, and the warped draft of the warped-target tests (top-2,
+# which exhausts its support under the 4-wide tree) and of the "warp-mismatch" mutant
+DRAFTS = {
+    "none": D_TAB,
+    "t0.9_topk2": np.asarray(sampling.warp_probs(jnp.log(jnp.asarray(D_TAB)), temperature=0.9, top_k=2)),
 }
 
 
@@ -114,7 +124,7 @@ def test_warped_target_law(scheme, warp_key):
     """The emitted law is the *warped* target law; the draft uses its own warp (top-2,
     which exhausts its support under the 4-wide tree: point-mass siblings)."""
     t = _warped_target(warp_key)
-    d = np.asarray(sampling.warp_probs(jnp.log(jnp.asarray(D_TAB)), temperature=0.9, top_k=2))
+    d = DRAFTS["t0.9_topk2"]
     parents = TOPOLOGIES["wide"]
     chain = make_speculative_chain(parents, t, d, scheme=scheme, length=L, c0=C0, accept_fn=speculative_accept)
     seed = 7000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
@@ -137,7 +147,8 @@ def test_temperature_zero_is_greedy(scheme):
 
 def _one_round_accepted(parents, t, d, scheme, num, seed):
     """num_accepted of `num` independent single rounds from context C0: (mean, standard
-    error, mean of num_tokens); every round must emit num_accepted + 1 tokens."""
+    error, mean number of emitted tokens counted in the token arrays, i.e. entries != -1);
+    every round's num_tokens must be num_accepted + 1."""
     parents = np.asarray(parents)
     kids = [[] for _ in range(len(parents) + 1)]
     for j, p in enumerate(parents.tolist()):
@@ -154,13 +165,12 @@ def _one_round_accepted(parents, t, d, scheme, num, seed):
                 tok = tok.at[np.asarray(ch)].set(x)
         ctxs = jnp.concatenate([jnp.array([C0], jnp.int32), tok])
         r = speculative_accept(ka, parents, tok, T[ctxs], D[ctxs], scheme=scheme)
-        return r.num_accepted, r.num_tokens
+        return r.num_accepted, r.num_tokens, jnp.sum(r.tokens != -1)
 
     f = jax.jit(lambda k: jax.vmap(one)(jax.random.split(k, 1 << 16)))
     outs = [f(jax.random.fold_in(jax.random.key(seed), i)) for i in range(num >> 16)]
-    xs = np.concatenate([np.asarray(a) for a, _ in outs])
-    emitted = np.concatenate([np.asarray(e) for _, e in outs])
-    np.testing.assert_array_equal(emitted, xs + 1)
+    xs, num_tokens, emitted = (np.concatenate([np.asarray(o[i]) for o in outs]) for i in range(3))
+    np.testing.assert_array_equal(num_tokens, xs + 1)
     return xs.mean(), xs.std(ddof=1) / np.sqrt(xs.size), emitted.mean()
 
 
@@ -192,37 +202,58 @@ def test_branching_acceptance_matches_enumeration(scheme, topology):
 
 # ---------------------------------------------------------------------------------- power
 
-MUTANT_CASES = {
-    # mutant: (scheme, topology) where the bug matters
-    "no-residual-update": ("iid", "wide"),
+MUTANT_CASES = [
+    # (mutant, scheme, topology, draft table) where the bug matters; the target is T_TAB
+    ("no-residual-update", "iid", "wide", "none"),
     # residual only (the ratio keeps the renormalized q_k): from the start context C0 the
     # bias is ~1e-8 under the one-level wide tree; the deep tree meets other contexts
-    "unrenormalized-q": ("without_replacement", "deep"),
-    "depth-row": ("iid", "deep"),
-    "reused-uniform": ("iid", "chain"),
-}
+    ("unrenormalized-q", "without_replacement", "deep", "none"),
+    ("depth-row", "iid", "deep", "none"),
+    ("reused-uniform", "iid", "chain", "none"),
+    # drafts drawn from the warped draft table, the walk handed the unwarped D_TAB rows
+    # (without_replacement/wide is rejected as blatantly, chi2 ~1.7e5 at 2^18; left out
+    # for run time: it would need a second control)
+    ("warp-mismatch", "iid", "wide", "t0.9_topk2"),
+]
+# the mutant is blatant (the reviewer's check: p = 0.0 at 2^18), so fewer samples suffice
+MUTANT_SAMPLES = {"warp-mismatch": 1 << 18}
 
 
-@pytest.mark.parametrize("mutant", MUTANTS)
-def test_harness_rejects_broken_rules(mutant):
-    scheme, topology = MUTANT_CASES[mutant]
+def test_every_mutant_has_a_case():
+    assert sorted(c[0] for c in MUTANT_CASES) == sorted(MUTANTS)
+
+
+def _mutant_accept(mutant, draft):
+    if mutant == "warp-mismatch":
+        # the rows handed to the rule are looked up by context: check the lookup once
+        w = DRAFTS[draft]
+        np.testing.assert_array_equal(row_contexts(w[[2, 0, 3, 1]], w), [2, 0, 3, 1])
+        return warp_mismatch_accept(w, D_TAB)
+    return functools.partial(reference_accept, bug=mutant)
+
+
+@pytest.mark.parametrize("mutant,scheme,topology,draft", MUTANT_CASES, ids=[c[0] for c in MUTANT_CASES])
+def test_harness_rejects_broken_rules(mutant, scheme, topology, draft):
     parents = TOPOLOGIES[topology]
-    accept = functools.partial(reference_accept, bug=mutant)
-    chain = make_speculative_chain(parents, T_TAB, D_TAB, scheme=scheme, length=L, c0=C0, accept_fn=accept)
-    counts, n = count_joint(chain, jax.random.key(99), num_samples=N_SAMPLES, v=V, length=L)
+    accept = _mutant_accept(mutant, draft)
+    chain = make_speculative_chain(parents, T_TAB, DRAFTS[draft], scheme=scheme, length=L, c0=C0, accept_fn=accept)
+    num = MUTANT_SAMPLES.get(mutant, N_SAMPLES)
+    counts, n = count_joint(chain, jax.random.key(99), num_samples=num, v=V, length=L)
     joint = chisquare_gof(counts, exact_joint(T_TAB, C0, L))
     two = chisquare_two_sample(counts, _target_only_counts("none")[0])
-    print(f"mutant {mutant} ({scheme}/{topology}): joint {joint}; two-sample {two}")
+    print(f"mutant {mutant} ({scheme}/{topology}, draft {draft}, n={n}): joint {joint}; two-sample {two}")
     assert joint.pvalue < MUTANT_THRESH, str(joint)
     assert two.pvalue < MUTANT_THRESH, str(two)
 
 
-@pytest.mark.parametrize("scheme,topology", sorted(set(MUTANT_CASES.values())))
-def test_reference_walk_passes_the_same_harness(scheme, topology):
-    """Control for the mutants: on every setup a mutant is run on, the unbroken reference
+@pytest.mark.parametrize("scheme,topology,draft", sorted({c[1:] for c in MUTANT_CASES}))
+def test_reference_walk_passes_the_same_harness(scheme, topology, draft):
+    """Control for the mutants: on every setup a mutant is run on (the warp-mismatch
+    setups with the warped rows handed to the walk, as drawn), the unbroken reference
     walk is accepted by the same harness."""
     parents = TOPOLOGIES[topology]
-    chain = make_speculative_chain(parents, T_TAB, D_TAB, scheme=scheme, length=L, c0=C0, accept_fn=reference_accept)
-    seed = 98 + 10 * SCHEMES.index(scheme) + list(TOPOLOGIES).index(topology)
+    d = DRAFTS[draft]
+    chain = make_speculative_chain(parents, T_TAB, d, scheme=scheme, length=L, c0=C0, accept_fn=reference_accept)
+    seed = 98 + 10 * SCHEMES.index(scheme) + list(TOPOLOGIES).index(topology) + 3 * list(DRAFTS).index(draft)
     counts, n = count_joint(chain, jax.random.key(seed), num_samples=N_SAMPLES, v=V, length=L)
-    _check_all(counts, n, T_TAB, "none", f"reference/{scheme}/{topology}")
+    _check_all(counts, n, T_TAB, "none", f"reference/{scheme}/{topology}/draft {draft}")

@@ -11,18 +11,29 @@ samples (a batch of 2^16 identical prompts per ``generate`` call: rows are indep
 * the 3 per-position marginals against the exact marginals;
 * a two-sample χ² against ``generate_autoregressive`` (N samples, its own seed).
 
-Family-wise level 1e-3, Bonferroni over at most NUM_TESTS p-values in this file (all
-cases, slow ones included), so each p-value must exceed 1e-3 / NUM_TESTS.
+One more default case runs a ragged batch: rows alternate the prompts ``[1, 2]`` and
+``[3, 1, 2]`` (different lengths in one batch: per-row cache lengths, positions and
+masks), 2^18 samples per prompt; each group's joint law and marginals are tested against
+that prompt's own exact law (the two laws are 0.057 apart in total variation; at 2^18
+samples the joint test detects a TV of ~0.009 with power 0.9).
 
-Power: the same harness (same N, same tests) must reject, with p < 1e-6, two decoders
-broken through ``generate``'s internal hooks: a causal triangle over the flattened tree as
-the verification mask, and probability rows indexed by depth instead of by parent.
+Family-wise level 1e-3, Bonferroni over at most NUM_TESTS p-values in this file (all
+cases, slow ones included; the tally is checked below), so each p-value must exceed
+1e-3 / NUM_TESTS.
+
+Power: the same tests must reject, with p < 1e-6, decoders broken through ``generate``'s
+internal hooks (the library's configuration from ``build_config`` with one hook added): a
+causal triangle over the flattened tree as the verification mask, probability rows indexed
+by depth instead of by parent, and the emitted (bonus/residual) token's K/V written one
+cache slot early, over the last accepted token's. Each is rejected by a wide margin with
+MUTANT_SAMPLES = 2^16 samples (p-values printed with ``-s``), so the mutants use that.
 
 Default cases cover every scheme and every tree kind (chain, branching, dynamic,
 warped target law); the remaining scheme x tree combinations are ``slow`` (run with
 ``-m slow``), so that the default suite stays within its CPU time budget.
 """
 
+import dataclasses
 import functools
 import importlib
 
@@ -34,9 +45,8 @@ from _tiny import exact_joint, tiny_pair
 from flax import nnx
 
 from jaxspec import tree as jtree
-from jaxspec.draft import Warp
-from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample
-from jaxspec.treespec import DynamicTree, resolve_tree
+from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
+from jaxspec.treespec import DynamicTree
 
 # the module itself: once the package re-exports the function ``generate``, the
 # attribute ``jaxspec.generate`` is that function
@@ -50,6 +60,9 @@ V, L = 4, 3
 PROMPT = [1, 2]
 N_SAMPLES = 1 << 20
 CHUNK = 1 << 16
+MUTANT_SAMPLES = 1 << 16
+RAGGED = ([1, 2], [3, 1, 2])  # row r of the ragged batch: RAGGED[r % 2]
+RAGGED_SAMPLES = 1 << 18  # per prompt
 CELL = V ** np.arange(L - 1, -1, -1)  # token triple -> cell index
 TREES = {
     "chain": 2,
@@ -65,22 +78,25 @@ def _pair():
 
 
 @functools.lru_cache(maxsize=None)
-def _exact(warp_key):
-    return exact_joint(_pair()[0], PROMPT, L, **WARPS[warp_key])
+def _exact(warp_key, prompt=tuple(PROMPT)):
+    return exact_joint(_pair()[0], list(prompt), L, **WARPS[warp_key])
 
 
 def _prompts():
     return np.tile(np.asarray([PROMPT], np.int32), (CHUNK, 1))
 
 
-def _count(run_chunk, seed: int) -> np.ndarray:
-    """Histogram over the V**L cells of N_SAMPLES rows; ``run_chunk(key) -> int32[CHUNK, L]``."""
-    counts = np.zeros(V**L, np.int64)
-    for i in range(N_SAMPLES // CHUNK):
+def _count(run_chunk, seed: int, num_samples: int = N_SAMPLES, groups: int = 1) -> np.ndarray:
+    """Histogram over the V**L cells of ``num_samples`` rows; ``run_chunk(key) ->
+    int32[CHUNK, L]``. ``groups > 1``: row r of a chunk belongs to group ``r % groups``;
+    returns int64[groups, V**L] (``num_samples`` rows in all)."""
+    counts = np.zeros((groups, V**L), np.int64)
+    for i in range(num_samples // CHUNK):
         toks = np.asarray(run_chunk(jax.random.fold_in(jax.random.key(seed), i)))
         assert toks.shape == (CHUNK, L) and toks.min() >= 0, "every row must emit L tokens"
-        counts += np.bincount(toks @ CELL, minlength=V**L)
-    return counts
+        for g in range(groups):
+            counts[g] += np.bincount(toks[g::groups] @ CELL, minlength=V**L)
+    return counts[0] if groups == 1 else counts
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +110,7 @@ def _autoregressive_counts(warp_key):
     return _count(run, seed=4242 + len(warp_key))
 
 
-def _speculative_counts(tree, scheme, warp_key, seed, hooks=None):
+def _speculative_counts(tree, scheme, warp_key, seed, hooks=None, num_samples=N_SAMPLES):
     target, draft = _pair()
     prompts = _prompts()
     warp = WARPS[warp_key]
@@ -103,20 +119,18 @@ def _speculative_counts(tree, scheme, warp_key, seed, hooks=None):
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, **warp).tokens
 
-    else:  # a broken decoder: the library's round with an injected hook
-        assert not warp
-        tdef, tstate = nnx.split(target)
-        ddef, dstate = nnx.split(draft)
-        spec = resolve_tree(tree)
-        cfg = gen.SpecConfig(
-            tdef, ddef, spec, scheme, Warp(), Warp(), L, len(PROMPT) + L + spec.num_nodes + 1, hooks
+    else:  # a broken decoder: the configuration generate compiles, plus one injected hook
+        cfg, t_temp, d_temp = gen.build_config(
+            target, draft, prompt_length=len(PROMPT), max_new_tokens=L, tree=tree, scheme=scheme, **warp
         )
+        cfg = dataclasses.replace(cfg, hooks=hooks)
+        tstate, dstate = nnx.state(target), nnx.state(draft)
         lens = np.full((CHUNK,), len(PROMPT), np.int32)
 
         def run(key):
-            return gen.run_compiled(cfg, tstate, dstate, key, prompts, lens, 1.0, 1.0).tokens
+            return gen.run_compiled(cfg, tstate, dstate, key, prompts, lens, t_temp, d_temp).tokens
 
-    return _count(run, seed)
+    return _count(run, seed, num_samples)
 
 
 def _marginals(joint):
@@ -124,12 +138,14 @@ def _marginals(joint):
     return [c.sum(axis=tuple(a for a in range(L) if a != i)) for i in range(L)]
 
 
-def _check(counts, warp_key, label):
-    exact = _exact(warp_key)
+def _check(counts, exact, label, reference=None):
+    """Joint and per-position marginals against ``exact``; two-sample against the counts
+    ``reference`` (autoregressive) if given. Every p-value must exceed THRESH."""
     results = {"joint": chisquare_gof(counts, exact)}
     for i, (m, e) in enumerate(zip(_marginals(counts), _marginals(exact))):
         results[f"marginal{i}"] = chisquare_gof(m, e)
-    results["two_sample"] = chisquare_two_sample(counts, _autoregressive_counts(warp_key))
+    if reference is not None:
+        results["two_sample"] = chisquare_two_sample(counts, reference)
     for name, r in results.items():
         print(f"{label} {name}: {r}")
     for name, r in results.items():
@@ -150,6 +166,10 @@ SLOW_CASES = [
     ("branch", "iid", "none"),
     ("chain", "without_replacement", "t0.7_topk3"),
 ]
+RAGGED_CASE = ("branch", "without_replacement", "none")
+# p-values compared with THRESH: 5 per case (joint, 3 marginals, two-sample), 4 per ragged
+# group (joint, 3 marginals), one per autoregressive control
+assert 5 * (len(CASES) + len(SLOW_CASES)) + 4 * len(RAGGED) + len(WARPS) <= NUM_TESTS
 
 
 @pytest.mark.parametrize(
@@ -160,7 +180,32 @@ def test_generate_matches_exact_target_law(tree, scheme, warp_key):
     seed = 100 * list(TREES).index(tree) + 10 * gen.SCHEMES.index(scheme) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed)
     assert counts.sum() == N_SAMPLES
-    _check(counts, warp_key, f"{tree}/{scheme}/{warp_key}")
+    _check(counts, _exact(warp_key), f"{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+def test_generate_ragged_batch_matches_each_prompts_law():
+    """Prompts of different lengths in one batch (rows alternate RAGGED[0], RAGGED[1]):
+    each group has its own prompt's exact law."""
+    tree, scheme, warp_key = RAGGED_CASE
+    target, draft = _pair()
+    prompts = [RAGGED[r % len(RAGGED)] for r in range(CHUNK)]  # padded by generate itself
+
+    def run(key):
+        return gen.generate(
+            key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme, **WARPS[warp_key]
+        ).tokens
+
+    counts = _count(run, seed=7000, num_samples=len(RAGGED) * RAGGED_SAMPLES, groups=len(RAGGED))
+    assert np.all(counts.sum(axis=1) == RAGGED_SAMPLES)
+    exact = [_exact(warp_key, tuple(p)) for p in RAGGED]
+    # informative: the joint test would tell the two prompts' laws apart (a row that
+    # decodes with the other row's length, or its padding, is visible)
+    tv = 0.5 * np.abs(exact[0] - exact[1]).sum()
+    detectable = min_detectable_tv(RAGGED_SAMPLES, V**L, alpha=THRESH)
+    print(f"ragged: TV between the prompts' laws {tv:.4f}; detectable TV (power 0.9) {detectable:.4f}")
+    assert tv > 3 * detectable
+    for p, c, e in zip(RAGGED, counts, exact):
+        _check(c, e, f"ragged {p} {tree}/{scheme}/{warp_key}")
 
 
 @pytest.mark.parametrize("warp_key", list(WARPS))
@@ -206,15 +251,26 @@ def _depth_rows(target_probs, draft_probs, parents):
     return target_probs[src], draft_probs[src]
 
 
+def _bonus_kv_early(offsets, num):
+    """The bug "bonus-token KV written at a wrong slot": the round's commit counts one
+    token too few (``lengths = L + accepted``, not ``L + accepted + 1``), so the next round
+    writes the emitted token's K/V (its root, at slot and position ``lengths``) one slot
+    early, over the last accepted token's (the root's when nothing was accepted)."""
+    return offsets, jnp.maximum(num - 1, 0)
+
+
 MUTANTS = {
     "flatten-causal": gen._Hooks(verify_mask=_flatten_causal),
     "depth-as-row": gen._Hooks(accept_rows=_depth_rows),
+    "bonus-kv-slot": gen._Hooks(commit_args=_bonus_kv_early),
 }
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_harness_rejects_broken_decoders(mutant):
-    counts = _speculative_counts(TREES["branch"], "without_replacement", "none", seed=9000, hooks=MUTANTS[mutant])
+    counts = _speculative_counts(
+        TREES["branch"], "without_replacement", "none", seed=9000, hooks=MUTANTS[mutant], num_samples=MUTANT_SAMPLES
+    )
     joint = chisquare_gof(counts, _exact("none"))
     two = chisquare_two_sample(counts, _autoregressive_counts("none"))
     print(f"mutant {mutant}: joint {joint}; two-sample {two}")

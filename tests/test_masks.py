@@ -61,10 +61,29 @@ def test_tree_cache_mask_per_row_trees_and_capacity_edge():
     np.testing.assert_array_equal(m[1], [[1, 1, 1, 1, 0], [1, 1, 1, 0, 1], [1, 1, 1, 0, 0]])
 
 
+def _cache_mask_reference(lengths, parents, S):
+    """Independent numpy reference: node i of row b sees every slot s < lengths[b], and
+    slot lengths[b] + j iff j is an ancestor-or-self of i (walking parents); nothing else."""
+    n = len(parents)
+    m = np.zeros((len(lengths), n, S), bool)
+    for b, ln in enumerate(lengths):
+        for i in range(n):
+            m[b, i, :ln] = True
+            j = i
+            while j >= 0:
+                if ln + j < S:
+                    m[b, i, ln + j] = True
+                j = parents[j]
+    return m
+
+
 def test_tree_cache_mask_jit_traced_parents():
-    parents = jnp.array([-1, -1, 0, 0, 1, 2], jnp.int32)
-    lengths = jnp.array([2, 4])
+    parents = [-1, -1, 0, 0, 1, 2]
+    lengths = [2, 4]
     f = jax.jit(lambda p, l: tree_cache_mask(l, tree_mask(p), 12))
-    np.testing.assert_array_equal(
-        np.asarray(f(parents, lengths)), np.asarray(tree_cache_mask(lengths, tree_mask(parents), 12))
-    )
+    got = np.asarray(f(jnp.array(parents, jnp.int32), jnp.array(lengths)))
+    want = _cache_mask_reference(lengths, parents, 12)
+    # row 0, node 5 (parents 5 -> 2 -> 0): prefix slots 0, 1 and nodes 0, 2, 5 at slots 2, 4, 7
+    np.testing.assert_array_equal(want[0, 5], [1, 1, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.asarray(tree_cache_mask(jnp.array(lengths), tree_mask(parents), 12)), want)

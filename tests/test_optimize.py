@@ -293,19 +293,28 @@ def test_measure_deterministic_equals_numpy(pair):
 
 @pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
 def test_measure_random_schemes(pair, scheme):
+    """Every rank against the exact expectation: the mean over the 21 positions of the
+    enumerated P(k-th sibling accepted) of each position's (p, q) at temperature 0.8.
+
+    The bound is absolute, not a multiple of est.stderr: that includes the spread between
+    positions, and 5 se (~0.1 here) let a measurement at temperature 1 pass. With 256
+    draws per position the draw noise is a few 1e-3 (correct code: max error <= 0.004
+    for this fixed seed), while ignoring the temperature (warping with 1.0) is off by
+    ~0.07-0.08 at rank 0."""
     target, draft = pair
     est = measure_acceptance(target, draft, WINDOWS, max_rank=3, scheme=scheme,
-                             key=jax.random.key(12), num_draws=64, temperature=0.8)
-    assert est.mean.shape == (3,) and est.stderr.shape == (3,)
+                             key=jax.random.key(12), num_draws=256, temperature=0.8)
+    assert est.mean.shape == (3,) and est.stderr.shape == (3,) and est.num_positions == 21
     assert np.all((est.mean >= 0) & (est.mean <= 1)) and est.mean.sum() <= 1 + 1e-6
-    # rank 0: E[min(1, p/q)(x_0)] with x_0 ~ q is sum(min(p, q)) exactly, per position
     p = _softmax(np.asarray(_fwd(target, WINDOWS)) / 0.8).reshape(-1, 8)
     q = _softmax(np.asarray(_fwd(draft, WINDOWS)) / 0.8).reshape(-1, 8)
-    first = np.minimum(p, q).sum(1).mean()
-    assert abs(est.mean[0] - first) < 5 * est.stderr[0] + 1e-6, (est.mean[0], first)
+    exact = np.mean([_exact_positional(p[i], q[i], 3, scheme) for i in range(len(p))], axis=0)
+    # rank 0: E[min(1, p/q)(x_0)] with x_0 ~ q is sum(min(p, q)) exactly, per position
+    np.testing.assert_allclose(exact[0], np.minimum(p, q).sum(1).mean(), atol=1e-9)
+    assert np.abs(est.mean - exact).max() < 0.02, (est.mean, exact)
     # the same model as target and draft: the first sibling is always accepted
     same = measure_acceptance(target, target, WINDOWS, max_rank=3, scheme=scheme,
-                              key=jax.random.key(13), num_draws=64, temperature=0.8)
+                              key=jax.random.key(13), num_draws=256, temperature=0.8)  # one compile
     np.testing.assert_allclose(same.mean, [1.0, 0.0, 0.0], atol=1e-5)
 
 
@@ -484,15 +493,18 @@ def _branching(widths):
     return branching(widths)
 
 
-def test_optimized_tree_beats_every_branching_tree_small():
-    """5 nodes, depth <= 2 (3 compilations of generate, the bulk of the time): the
-    optimized tree (predicted [-1, -1, 0, 0, 1]) against both per-level branching
-    trees, (1, 4) and the star (5,)."""
+def test_optimized_tree_not_beaten_by_any_branching_tree_small():
+    """5 nodes, depth <= 2 (3 compilations of generate, the bulk of the time): no
+    per-level branching tree, (1, 4) or the star (5,), measures a tau above the
+    optimized tree's (predicted [-1, -1, 0, 0, 1]) beyond z = 3 standard errors (a
+    non-inferiority check: a tie passes); only the star must lose significantly."""
     _optimized_vs_branching(5, 2, num_prompts=64, max_new_tokens=48)
 
 
 @pytest.mark.slow
-def test_optimized_tree_beats_every_branching_tree_8_nodes():
-    """8 nodes, any depth: the optimized tree against all 16 per-level branching trees
-    (chains included), 96 prompts of 64 new tokens each (~10 minutes on 2 cores)."""
+def test_optimized_tree_not_beaten_by_any_branching_tree_8_nodes():
+    """8 nodes, any depth: none of the 16 per-level branching trees (chains included)
+    measures a tau above the optimized tree's beyond z = 3 standard errors (a
+    non-inferiority check: a tie passes; only the star must lose significantly), 96
+    prompts of 64 new tokens each (~10 minutes on 2 cores)."""
     _optimized_vs_branching(8, 8, num_prompts=96, max_new_tokens=64)
