@@ -44,3 +44,23 @@ def test_readme_tree_example_prints_what_its_comments_say():
     with contextlib.redirect_stdout(buf):
         exec(compile(block, str(README), "exec"), {})
     assert buf.getvalue().splitlines() == expected
+
+
+def test_cited_result_files_exist():
+    """Every `…results/…` path the READMEs cite as a figure's source is in the repository
+    (a cited file that git ignores or nobody committed would leave a figure untraceable)."""
+    import subprocess
+
+    root = README.parent
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                                 check=True).stdout.splitlines())
+    cited = []
+    for doc, base in ((README, ""), (root / "benchmarks" / "README.md", "benchmarks/")):
+        for path in re.findall(r"`([^` ]*results/[^` ]*)`", doc.read_text()):
+            if "<" in path or "*" in path:  # a pattern, not a file
+                continue
+            full = path if path.startswith("benchmarks/") else base + path
+            cited.append(full)
+            assert any(f == full.rstrip("/") or f.startswith(full.rstrip("/") + "/") for f in tracked), (
+                f"{doc.name} cites {path!r}, which is not a tracked file or folder")
+    assert len(cited) >= 10
