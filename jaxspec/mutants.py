@@ -17,11 +17,20 @@ causal-mask            target verification under a causal triangle over  >= 2 si
                        the flattened tree: siblings leak into each other
 reused-uniform         the residual / bonus token reuses the uniform of  any tree
                        the last acceptance test instead of a fresh one
+warp-mismatch          the rule is handed ``q`` under another warp than  scheme iid or
+                       the one its tokens were drawn from: ``q``         without_replacement
+                       squared and renormalized (temperature halved)     (deterministic
+                                                                         ignores q)
+bonus-kv-slot          the commit keeps one token fewer than the round   any tree
+                       emitted, so the next round writes the emitted
+                       token's K/V one cache slot early (over the last
+                       accepted token's, or the old root's)
 =====================  ==================================================================
 
-How they plug in: through generate's test hooks, never the default path: ``depth-row``
-(``_Hooks.accept_rows``), ``causal-mask`` (``_Hooks.verify_mask``), ``no-residual-update``
-and ``reused-uniform`` (``_Hooks.accept_fn``, a replacement acceptance rule).
+How they plug in: through generate's test hooks, never the default path: ``depth-row`` and
+``warp-mismatch`` (``_Hooks.accept_rows``), ``causal-mask`` (``_Hooks.verify_mask``),
+``no-residual-update`` and ``reused-uniform`` (``_Hooks.accept_fn``, a replacement
+acceptance rule), ``bonus-kv-slot`` (``_Hooks.commit_args``).
 """
 
 from __future__ import annotations
@@ -49,13 +58,15 @@ _gen = importlib.import_module("jaxspec.generate")
 
 __all__ = ["MUTANTS", "describe", "spec_impl", "check_mutant"]
 
-MUTANTS = ("no-residual-update", "depth-row", "causal-mask", "reused-uniform")
+MUTANTS = ("no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot")
 
 _DESCRIPTIONS = {
     "no-residual-update": "no residual update between siblings (p is never reduced by a rejected q_k)",
     "depth-row": "a node's probability row indexed by its depth instead of its parent",
     "causal-mask": "target verification under a causal mask over the flattened tree (sibling leakage)",
     "reused-uniform": "the residual/bonus draw reuses the last acceptance test's uniform",
+    "warp-mismatch": "the rule is handed q at half the temperature its tokens were drawn at (q^2 renormalized)",
+    "bonus-kv-slot": "the emitted token's K/V written one cache slot early (the commit keeps one token too few)",
 }
 
 
@@ -136,6 +147,19 @@ def _depth_rows(tp, dp, parents):
     return tp[src], dp[src]
 
 
+def _sharpened_q(tp, dp, parents):
+    """``accept_rows`` hook: the draft rows squared and renormalized -- ``q`` at half the
+    temperature the draft's tokens were drawn at (a warp applied twice, or on one side only)."""
+    q2 = dp * dp
+    return tp, q2 / jnp.sum(q2, axis=-1, keepdims=True)  # rows of a law: the sum is > 0
+
+
+def _commit_one_short(offsets, num):
+    """``commit_args`` hook: keep one token fewer than the round emitted (never fewer than
+    0); the next round then writes its root, the emitted token, one slot early."""
+    return offsets, jnp.maximum(num - 1, 0)
+
+
 def spec_impl(name: str, cfg: _gen.SpecConfig):
     """``(cfg', impl)`` of mutant ``name``: ``impl(cfg', target_state, draft_state, key,
     tokens, lens, temperature, draft_temperature, stop_tokens) -> GenerateResult`` has the
@@ -146,5 +170,7 @@ def spec_impl(name: str, cfg: _gen.SpecConfig):
         "reused-uniform": _gen._Hooks(accept_fn=_accept_reused_uniform),
         "causal-mask": _gen._Hooks(verify_mask=_causal),
         "depth-row": _gen._Hooks(accept_rows=_depth_rows),
+        "warp-mismatch": _gen._Hooks(accept_rows=_sharpened_q),
+        "bonus-kv-slot": _gen._Hooks(commit_args=_commit_one_short),
     }[name]
     return dataclasses.replace(cfg, hooks=hooks), _gen._spec_impl
