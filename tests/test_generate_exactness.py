@@ -29,7 +29,7 @@ cache slot early, over the last accepted token's. Each is rejected by a wide mar
 MUTANT_SAMPLES = 2^16 samples (p-values printed with ``-s``), so the mutants use that.
 
 Default cases cover every scheme and every tree kind (chain, branching, dynamic,
-warped target law); the remaining scheme x tree combinations are ``slow`` (run with
+warped target laws: temperature with top-k, temperature with top-p); the remaining scheme x tree combinations are ``slow`` (run with
 ``-m slow``), so that the default suite stays within its CPU time budget.
 """
 
@@ -53,8 +53,8 @@ from jaxspec.treespec import DynamicTree
 gen = importlib.import_module("jaxspec.generate")
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 60
-THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.7e-5
+NUM_TESTS = 70
+THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.4e-5
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
 PROMPT = [1, 2]
@@ -69,7 +69,8 @@ TREES = {
     "branch": (2, 2),
     "dynamic": DynamicTree(depth=2, topk=2, num_nodes=4),
 }
-WARPS = {"none": {}, "t0.7_topk3": dict(temperature=0.7, top_k=3)}
+# the draft inherits the warps (generate's default): its tokens and q come from the same law
+WARPS = {"none": {}, "t0.7_topk3": dict(temperature=0.7, top_k=3), "t1.2_topp0.95": dict(temperature=1.2, top_p=0.95)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,6 +159,7 @@ CASES = [
     ("branch", "without_replacement", "none"),
     ("dynamic", "deterministic", "none"),
     ("branch", "iid", "t0.7_topk3"),
+    ("branch", "without_replacement", "t1.2_topp0.95"),  # nucleus sampling on both sides
 ]
 SLOW_CASES = [
     ("branch", "deterministic", "none"),
