@@ -481,6 +481,11 @@ def _prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
+    if not _is_int(stop_tokens) and hasattr(stop_tokens, "__array__"):  # numpy / jax arrays
+        arr = np.asarray(stop_tokens)
+        if arr.ndim > 1:
+            raise ValueError(f"stop_tokens: expected a token id or a 1-D sequence of them, got shape {arr.shape}")
+        stop_tokens = arr.reshape(-1).tolist()  # numpy scalars -> Python numbers (checked below)
     if _is_int(stop_tokens):
         stop_tokens = (stop_tokens,)
     if not isinstance(stop_tokens, (Sequence, np.ndarray)) or isinstance(stop_tokens, str):

@@ -452,3 +452,17 @@ def test_boundary_validation(pair):
         gen.generate_autoregressive(k, target, [[1]], max_new_tokens=-1)
     with pytest.raises(ValueError, match=r"prompts\[0\]: empty"):
         gen.generate_autoregressive(k, target, [[]], max_new_tokens=1)
+
+
+def test_stop_tokens_accept_arrays():
+    """stop_tokens as an int, a sequence, a 0-d / 1-d numpy or jax array: the same sorted,
+    de-duplicated tuple; bad arrays are refused with the argument named."""
+    check = gen._check_stop
+    assert check(3, 8) == check([3], 8) == check(np.array(3), 8) == check(jnp.array([3]), 8) == (3,)
+    assert check(np.array([5, 1, 5], np.int32), 8) == (1, 5)
+    assert check(np.array([], np.int32), 8) == ()
+    for bad, msg in ((np.zeros((1, 2), np.int32), "shape"), (np.array([1.5]), r"stop_tokens\[0\] = 1.5"),
+                     (np.array([True]), r"stop_tokens\[0\] = True"), (np.array(8), r"stop_tokens\[0\] = 8"),
+                     ("3", "expected a sequence")):
+        with pytest.raises(ValueError, match=msg):
+            check(bad, 8)
