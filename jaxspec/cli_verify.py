@@ -31,6 +31,7 @@ from jaxspec.cli import (
     arg_type,
     check_output_dir,
     command,
+    load_flag_model,
     resolve_scheme,
 )
 
@@ -166,9 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
-        from jaxspec.checkpoint import load_model
-
-        target, draft = load_model(args.target), load_model(args.draft)
+        target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft)
     else:
         from jaxspec.exactness import default_pair
 

@@ -488,7 +488,7 @@ def _check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
         stop_tokens = arr.reshape(-1).tolist()  # numpy scalars -> Python numbers (checked below)
     if _is_int(stop_tokens):
         stop_tokens = (stop_tokens,)
-    if not isinstance(stop_tokens, (Sequence, np.ndarray)) or isinstance(stop_tokens, str):
+    if not isinstance(stop_tokens, Sequence) or isinstance(stop_tokens, str):  # arrays: lists above
         raise ValueError(f"stop_tokens = {stop_tokens!r}: expected a sequence of token ids")
     out = []
     for i, t in enumerate(list(stop_tokens)):
