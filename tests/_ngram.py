@@ -50,17 +50,20 @@ def _children_lists(parents):
     return kids
 
 
-def make_speculative_chain(parents, t, d, *, scheme, length, c0, accept_fn):
+def make_speculative_chain(parents, t, d, *, scheme, length, c0, accept_fn, q=None):
     """Returns ``chain(key) -> int32[length]``: one speculative chain of several rounds.
 
     ``accept_fn(key, parents, tokens, target_probs, draft_probs, scheme=...)`` returns an
-    object with ``.tokens`` (int32[N+1], -1 padded) and ``.num_tokens``.
+    object with ``.tokens`` (int32[N+1], -1 padded) and ``.num_tokens``. The drafts are
+    drawn from the rows of ``d``; ``q`` (default ``d``) is the table whose rows the rule is
+    handed as ``draft_probs`` -- another table only to break exactness on purpose.
     """
     parents = np.asarray(parents, np.int32)
     n = parents.shape[0]
     kids = _children_lists(parents)
     T = jnp.asarray(t, jnp.float32)
     D = jnp.asarray(d, jnp.float32)
+    Q = D if q is None else jnp.asarray(q, jnp.float32)
     buf_len = length * (n + 1) + n + 1
 
     def one_round(carry, r):
@@ -75,7 +78,7 @@ def make_speculative_chain(parents, t, d, *, scheme, length, c0, accept_fn):
             tok, _ = sampling.draw(jax.random.fold_in(k_draft, row), D[ctx], len(ch), scheme)
             node_tok = node_tok.at[np.asarray(ch)].set(tok)
         ctxs = jnp.concatenate([last[None], node_tok])  # [N + 1]
-        res = accept_fn(k_acc, parents, node_tok, T[ctxs], D[ctxs], scheme=scheme)
+        res = accept_fn(k_acc, parents, node_tok, T[ctxs], Q[ctxs], scheme=scheme)
         buf = jax.lax.dynamic_update_slice(buf, res.tokens, (pos,))
         new_last = res.tokens[res.num_tokens - 1]
         return (key, buf, pos + res.num_tokens, new_last), None

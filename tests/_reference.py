@@ -25,7 +25,8 @@ class RefResult(NamedTuple):
 
 #: broken variants of the walk itself (``reference_accept(..., bug=...)``)
 WALK_MUTANTS = ("no-residual-update", "unrenormalized-q", "depth-row", "reused-uniform")
-#: all mutants; "warp-mismatch" breaks what the walk is handed (:func:`warp_mismatch_accept`)
+#: all mutants; "warp-mismatch" breaks what the walk is handed: q from another table than the
+#: one the drafts were drawn from (``make_speculative_chain(..., q=...)`` in tests/_ngram.py)
 MUTANTS = WALK_MUTANTS + ("warp-mismatch",)
 
 
@@ -122,32 +123,6 @@ def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme,
     )
     s = jax.lax.while_loop(cond, body, init)
     return RefResult(s[6], s[4], s[4] + 1)
-
-
-def row_contexts(draft_probs, warped):
-    """int32[rows]: for each row of ``draft_probs`` the context c with ``warped[c]`` equal
-    to it, bit for bit (the chains in tests/_ngram.py gather the rows from the table)."""
-    match = jnp.all(jnp.asarray(draft_probs)[:, None, :] == jnp.asarray(warped)[None], axis=-1)
-    return jnp.argmax(match, axis=-1).astype(jnp.int32)
-
-
-def warp_mismatch_accept(warped, raw):
-    """The mutant "warp-mismatch" (docs/DESIGN.md §2: q computed under different warps than
-    the draws) -> an ``accept_fn`` for tests/_ngram.py's chains drafting from ``warped``.
-
-    The draft tokens were drawn from the rows of the ``warped`` draft table (e.g. temperature
-    0.9, top-k 2), but the (otherwise unbroken) reference walk is handed the *unwarped*
-    rows ``raw`` of the same contexts as q. ``warped`` must have distinct rows.
-    """
-    warped = np.asarray(warped, np.float32)
-    assert len({row.tobytes() for row in warped}) == len(warped), "warped rows must differ"
-    w, r = jnp.asarray(warped), jnp.asarray(raw, jnp.float32)
-
-    def accept(key, parents, tokens, target_probs, draft_probs, *, scheme):
-        q = r[row_contexts(draft_probs, w)]
-        return reference_accept(key, parents, tokens, target_probs, q, scheme=scheme)
-
-    return accept
 
 
 def reference_probabilities(parents, tokens, target_probs, draft_probs, *, scheme):

@@ -38,7 +38,7 @@ from _ngram import (
     make_target_only_chain,
     marginals,
 )
-from _reference import MUTANTS, reference_accept, row_contexts, warp_mismatch_accept
+from _reference import MUTANTS, reference_accept
 
 import jaxspec
 from jaxspec import sampling
@@ -223,20 +223,21 @@ def test_every_mutant_has_a_case():
     assert sorted(c[0] for c in MUTANT_CASES) == sorted(MUTANTS)
 
 
-def _mutant_accept(mutant, draft):
+def _mutant_chain(mutant, scheme, topology, draft):
+    """The speculative chain of a mutant case: drafts drawn from ``DRAFTS[draft]``; the
+    walk broken by ``mutant``, or, for "warp-mismatch", unbroken but handed the unwarped
+    D_TAB rows as q."""
+    kw = dict(scheme=scheme, length=L, c0=C0)
     if mutant == "warp-mismatch":
-        # the rows handed to the rule are looked up by context: check the lookup once
-        w = DRAFTS[draft]
-        np.testing.assert_array_equal(row_contexts(w[[2, 0, 3, 1]], w), [2, 0, 3, 1])
-        return warp_mismatch_accept(w, D_TAB)
-    return functools.partial(reference_accept, bug=mutant)
+        return make_speculative_chain(TOPOLOGIES[topology], T_TAB, DRAFTS[draft], accept_fn=reference_accept,
+                                      q=D_TAB, **kw)
+    return make_speculative_chain(TOPOLOGIES[topology], T_TAB, DRAFTS[draft],
+                                  accept_fn=functools.partial(reference_accept, bug=mutant), **kw)
 
 
 @pytest.mark.parametrize("mutant,scheme,topology,draft", MUTANT_CASES, ids=[c[0] for c in MUTANT_CASES])
 def test_harness_rejects_broken_rules(mutant, scheme, topology, draft):
-    parents = TOPOLOGIES[topology]
-    accept = _mutant_accept(mutant, draft)
-    chain = make_speculative_chain(parents, T_TAB, DRAFTS[draft], scheme=scheme, length=L, c0=C0, accept_fn=accept)
+    chain = _mutant_chain(mutant, scheme, topology, draft)
     num = MUTANT_SAMPLES.get(mutant, N_SAMPLES)
     counts, n = count_joint(chain, jax.random.key(99), num_samples=num, v=V, length=L)
     joint = chisquare_gof(counts, exact_joint(T_TAB, C0, L))
