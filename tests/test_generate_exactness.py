@@ -22,7 +22,8 @@ cases, slow ones included; the tally is checked below), so each p-value must exc
 1e-3 / NUM_TESTS.
 
 Power: the same tests must reject, with p < 1e-6, decoders broken through ``generate``'s
-internal hooks (the library's configuration from ``build_config`` with one hook added): a
+internal hooks (the library's configuration from ``build_config`` with the hook of one
+:mod:`jaxspec.mutants` mutant added): a
 causal triangle over the flattened tree as the verification mask, probability rows indexed
 by depth instead of by parent, and the emitted (bonus/residual) token's K/V written one
 cache slot early, over the last accepted token's. Each is rejected by a wide margin with
@@ -33,18 +34,16 @@ warped target laws: temperature with top-k, temperature with top-p); the remaini
 ``-m slow``), so that the default suite stays within its CPU time budget.
 """
 
-import dataclasses
 import functools
 import importlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from _tiny import exact_joint, tiny_pair
 from flax import nnx
 
-from jaxspec import tree as jtree
+from jaxspec import mutants
 from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
 from jaxspec.treespec import DynamicTree
 
@@ -111,20 +110,20 @@ def _autoregressive_counts(warp_key):
     return _count(run, seed=4242 + len(warp_key))
 
 
-def _speculative_counts(tree, scheme, warp_key, seed, hooks=None, num_samples=N_SAMPLES):
+def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES):
     target, draft = _pair()
     prompts = _prompts()
     warp = WARPS[warp_key]
-    if hooks is None:
+    if mutant is None:
 
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, **warp).tokens
 
-    else:  # a broken decoder: the configuration generate compiles, plus one injected hook
+    else:  # a broken decoder: the configuration generate compiles, plus the mutant's hook
         cfg, t_temp, d_temp = gen.build_config(
             target, draft, prompt_length=len(PROMPT), max_new_tokens=L, tree=tree, scheme=scheme, **warp
         )
-        cfg = dataclasses.replace(cfg, hooks=hooks)
+        cfg, _ = mutants.spec_impl(mutant, cfg)
         tstate, dstate = nnx.state(target), nnx.state(draft)
         lens = np.full((CHUNK,), len(PROMPT), np.int32)
 
@@ -240,38 +239,17 @@ def test_exact_law_is_informative():
 # ---------------------------------------------------------------------------------- power
 
 
-def _flatten_causal(mask):
-    """The classic bug: a causal triangle over the flattened [root] + nodes."""
-    return jnp.broadcast_to(jnp.tril(jnp.ones(mask.shape[-2:], jnp.bool_)), mask.shape)
-
-
-def _depth_rows(target_probs, draft_probs, parents):
-    """The classic bug: node i judged by the row of depth[i] ("row d = law at depth d"),
-    not by its parent's row: row ``j + 1`` is replaced by row ``depth[j]``."""
-    depth = jtree.tree_depths(parents)  # [N]
-    src = jnp.concatenate([jnp.zeros((1,), jnp.int32), depth])  # new row r <- old row src[r]
-    return target_probs[src], draft_probs[src]
-
-
-def _bonus_kv_early(offsets, num):
-    """The bug "bonus-token KV written at a wrong slot": the round's commit counts one
-    token too few (``lengths = L + accepted``, not ``L + accepted + 1``), so the next round
-    writes the emitted token's K/V (its root, at slot and position ``lengths``) one slot
-    early, over the last accepted token's (the root's when nothing was accepted)."""
-    return offsets, jnp.maximum(num - 1, 0)
-
-
-MUTANTS = {
-    "flatten-causal": gen._Hooks(verify_mask=_flatten_causal),
-    "depth-as-row": gen._Hooks(accept_rows=_depth_rows),
-    "bonus-kv-slot": gen._Hooks(commit_args=_bonus_kv_early),
-}
+# the broken decoders of jaxspec.mutants (the library's own hooks into generate), under
+# this file's names: a causal triangle over the flattened [root] + nodes as the verification
+# mask; node i judged by the row of depth[i] instead of its parent's; the round's commit
+# one token short, so the next round writes the emitted token's K/V one slot early
+MUTANTS = {"flatten-causal": "causal-mask", "depth-as-row": "depth-row", "bonus-kv-slot": "bonus-kv-slot"}
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_harness_rejects_broken_decoders(mutant):
     counts = _speculative_counts(
-        TREES["branch"], "without_replacement", "none", seed=9000, hooks=MUTANTS[mutant], num_samples=MUTANT_SAMPLES
+        TREES["branch"], "without_replacement", "none", seed=9000, mutant=MUTANTS[mutant], num_samples=MUTANT_SAMPLES
     )
     joint = chisquare_gof(counts, _exact("none"))
     two = chisquare_two_sample(counts, _autoregressive_counts("none"))
