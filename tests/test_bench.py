@@ -148,7 +148,9 @@ def test_cli_json_tiny(tmp_path, capsys):
     assert {r["scheme"] for r in on_disk["rows"]} == {"iid", "without_replacement", "deterministic"}
     for r in on_disk["rows"]:
         for k in ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor",
-                  "read_floor_rounds_per_s", "fraction_of_read_floor"):
+                  "read_floor_rounds_per_s", "fraction_of_read_floor",
+                  "residual_floor_rounds_per_s", "fraction_of_residual_floor",
+                  "residual_floor_fraction_of_rng_floor"):
             assert _positive(r[k]), (k, r)
         assert r["fraction_of_floor"] == pytest.approx(r["accept_rounds_per_s"] / r["rng_floor_rounds_per_s"])
         lo, hi = r["fraction_of_floor_turn_range"]  # one turn in the tiny config: a point
@@ -157,6 +159,12 @@ def test_cli_json_tiny(tmp_path, capsys):
         assert lo == pytest.approx(r["accept_rounds_per_s"]) and hi == pytest.approx(lo)
         assert r["fraction_of_read_floor"] == pytest.approx(
             r["accept_rounds_per_s"] / r["read_floor_rounds_per_s"])
+        assert r["fraction_of_residual_floor"] == pytest.approx(
+            r["accept_rounds_per_s"] / r["residual_floor_rounds_per_s"])
+        assert r["residual_floor_fraction_of_rng_floor"] == pytest.approx(
+            r["residual_floor_rounds_per_s"] / r["rng_floor_rounds_per_s"])
+        lo, hi = r["residual_floor_fraction_of_rng_floor_turn_range"]
+        assert lo == pytest.approx(r["residual_floor_fraction_of_rng_floor"]) and hi == pytest.approx(lo)
         assert _positive(r["sequential_rounds_per_s"])
         assert r["speedup_vs_sequential"] == pytest.approx(r["accept_rounds_per_s"] / r["sequential_rounds_per_s"])
         lo, hi = r["speedup_vs_sequential_turn_range"]
@@ -328,3 +336,32 @@ def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):
     # the scripts in benchmarks/ pass their own folder: the same subfolder rule
     assert common.default_out_dir("quick", base=tmp_path / "b") == tmp_path / "b" / "quick"
     assert common.default_out_dir(base=tmp_path / "b") == tmp_path / "b"
+
+
+def test_floors_do_the_work_they_are_named_for():
+    """The RNG floor draws the rule's numbers (a key split, N uniforms, one more); the read
+    floor adds the sum of the p row picked by the uniforms; the residual floor instead adds
+    sum(max(p - u0 q, 0)) over the p and q rows of that node -- checked against numpy
+    on the same keys, so a floor that skipped its read would fail."""
+    from jaxspec.bench.accept import _floor_fn, _inputs, _read_floor_fn, _residual_floor_fn
+
+    n, v, b = 5, 7, 64
+    p, q, _ = _inputs(n, v, b, seed=3)
+    keys = jax.random.split(jax.random.key(11), b)
+    rng_part, rows, u0 = [], [], []
+    for k in keys:
+        ka, ke = jax.random.split(k)
+        u = np.asarray(jax.random.uniform(ka, (n,)), np.float64)
+        rng_part.append(u.sum() + float(jax.random.uniform(ke, ())))
+        rows.append(int((u < 0.5).sum()))
+        u0.append(u[0])
+    rng_part, rows, u0 = np.array(rng_part), np.array(rows), np.array(u0)
+    pn, qn = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    idx = np.arange(b)
+    np.testing.assert_allclose(np.asarray(_floor_fn(n)(keys)), rng_part, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(_read_floor_fn(n)(keys, p)),
+                               rng_part + pn[idx, rows].sum(-1), rtol=1e-5)
+    residual = np.maximum(pn[idx, rows] - u0[:, None] * qn[idx, rows], 0.0).sum(-1)
+    assert np.all(residual < pn[idx, rows].sum(-1) - 1e-3)  # q's part moves every figure
+    np.testing.assert_allclose(np.asarray(_residual_floor_fn(n)(keys, p, q)),
+                               rng_part + residual, rtol=1e-5)

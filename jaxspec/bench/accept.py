@@ -11,6 +11,11 @@ next to, in the same run and taking turns with it (:func:`jaxspec.bench.common.t
   per round, chosen by the uniforms. Every exact rule does at least this much (it emits a
   token from some row's law, which depends on that row of ``p``); when V is large this,
   not the RNG, is what bounds the rule;
+* the **residual floor**: the same random numbers plus one fused pass over the ``p`` *and*
+  ``q`` rows of one node (chosen by the uniforms), summing ``max(p - u q, 0)``. In a round
+  where a draft is rejected the emitted law is ``max(p - c q, 0) / s``, which depends on
+  both rows at every token, so an exact rule reads both (at least once) to normalize it
+  and draw from it: this is the least such a round can cost;
 
 and, as a yardstick from the other side, the **sequential walk** (:func:`_sequential_fn`):
 the same rule written the way one first would, one sibling at a time in a
@@ -23,7 +28,9 @@ Median of repeats after a warm-up compile.
 JSON (``accept_throughput.json``): ``rows`` of ``{N, V, batch, tree, scheme,
 accept_rounds_per_s, accept_rounds_per_s_turn_range, rng_floor_rounds_per_s,
 fraction_of_floor, fraction_of_floor_turn_range, read_floor_rounds_per_s,
-fraction_of_read_floor, sequential_rounds_per_s, speedup_vs_sequential,
+fraction_of_read_floor, residual_floor_rounds_per_s, fraction_of_residual_floor,
+residual_floor_fraction_of_rng_floor, residual_floor_fraction_of_rng_floor_turn_range,
+sequential_rounds_per_s, speedup_vs_sequential,
 speedup_vs_sequential_turn_range}`` (rates and fractions from the medians over turns; a
 turn range is the lowest and highest value of a single turn); the headline figures (N = 8,
 V = 32, batch 1024, chain, ``iid``) are ``headline``. Plot: rounds/s per case and scheme,
@@ -129,6 +136,26 @@ def _read_floor_fn(n: int):
     return read_floor
 
 
+def _residual_floor_fn(n: int):
+    """(keys[B], p, q[B, N + 1, V]) -> float32[B]: the floor's random numbers plus one fused
+    pass over the ``p`` and ``q`` rows of one node (the row index depends on the uniforms):
+    ``sum(max(p - u q, 0))``, the residual mass an exact rule needs before it can draw
+    from the residual of a rejecting round."""
+
+    @jax.jit
+    def residual_floor(keys, p, q):
+        def one(key, prow, qrow):
+            ka, ke = jax.random.split(key)
+            u = jax.random.uniform(ka, (n,))
+            row = jnp.sum(u < 0.5, dtype=jnp.int32)  # in [0, N]
+            mass = _sum_last(jnp.maximum(prow[row] - u[0] * qrow[row], 0.0))
+            return mass + jnp.sum(u) + jax.random.uniform(ke, ())
+
+        return jax.vmap(one)(keys, p, q)
+
+    return residual_floor
+
+
 class _Walk(NamedTuple):
     """State of the sequential walk of one chain."""
 
@@ -204,17 +231,19 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
     for n, v, batch, trees in cfg.cases:
         p, q, toks = _inputs(n, v, batch)
         keys = jax.random.split(jax.random.key(1), batch)
-        calls = {"floor": (_floor_fn(n), (keys,)), "read": (_read_floor_fn(n), (keys, p))}
+        calls = {"floor": (_floor_fn(n), (keys,)), "read": (_read_floor_fn(n), (keys, p)),
+                 "residual": (_residual_floor_fn(n), (keys, p, q))}
         for tree_name, spec in trees:
             parents = _parents(spec)
             for scheme in cfg.schemes:
                 calls[(tree_name, scheme)] = (_accept_fn(parents, scheme), (keys, toks, p, q))
                 calls[("sequential", tree_name, scheme)] = (_sequential_fn(parents, scheme), (keys, toks, p, q))
-        common.log(f"accept: N={n} V={v} B={batch}: compiling {(len(calls) - 2) // 2} rules and as many "
+        common.log(f"accept: N={n} V={v} B={batch}: compiling {(len(calls) - 3) // 2} rules and as many "
                    f"sequential walks, timing {cfg.repeats} turns of {cfg.min_time:g} s each ...")
         turns = common.time_calls_turns(calls, repeats=cfg.repeats, min_time=cfg.min_time)
         times = common.medians(turns)
-        t_floor, t_read = times.pop("floor"), times.pop("read")
+        t_floor, t_read, t_res = times.pop("floor"), times.pop("read"), times.pop("residual")
+        res_lo, res_hi = common.turn_range(turns["floor"], turns["residual"])
         t_seq = {k[1:]: times.pop(k) for k in list(times) if k[0] == "sequential"}
         for (tree_name, scheme), t in times.items():
             # the same fraction turn by turn (rule and floor timed seconds apart): how much
@@ -230,6 +259,10 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
                 "fraction_of_floor_turn_range": [frac_lo, frac_hi],
                 "read_floor_rounds_per_s": batch / t_read,
                 "fraction_of_read_floor": t_read / t,
+                "residual_floor_rounds_per_s": batch / t_res,
+                "fraction_of_residual_floor": t_res / t,
+                "residual_floor_fraction_of_rng_floor": t_floor / t_res,
+                "residual_floor_fraction_of_rng_floor_turn_range": [res_lo, res_hi],
                 "sequential_rounds_per_s": batch / t_seq[(tree_name, scheme)],
                 "speedup_vs_sequential": t_seq[(tree_name, scheme)] / t,
                 "speedup_vs_sequential_turn_range": common.turn_range(
@@ -239,6 +272,8 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
                        f"{batch / t:14,.0f} rounds/s   {t_floor / t:6.3f} of RNG floor "
                        f"({batch / t_floor:,.0f}/s; turns {frac_lo:.2f}-{frac_hi:.2f})   "
                        f"{t_read / t:6.3f} of read floor ({batch / t_read:,.0f}/s)   "
+                       f"{t_res / t:6.3f} of residual floor ({batch / t_res:,.0f}/s = {t_floor / t_res:.2f} "
+                       f"of the RNG floor, turns {res_lo:.2f}-{res_hi:.2f})   "
                        f"{t_seq[(tree_name, scheme)] / t:5.2f}x the sequential walk")
     report = {
         "benchmark": NAME,
@@ -263,11 +298,12 @@ def headline(report: dict) -> dict:
 
 def table(report: dict) -> str:
     """Markdown tables, one line per (case, tree), schemes as columns: rounds/s (fraction of
-    the RNG floor / of the read floor); then the speedup over the sequential walk (its
-    lowest and highest single turn in brackets)."""
+    the RNG floor / of the read floor / of the residual floor), then the floors' rates;
+    then the speedup over the sequential walk (its lowest and highest single turn in
+    brackets)."""
     schemes = list(dict.fromkeys(r["scheme"] for r in report["rows"]))
-    lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor | read floor |",
-             "|---" * (6 + len(schemes)) + "|"]
+    lines = ["| N | V | batch | tree | " + " | ".join(schemes) + " | RNG floor | read floor | residual floor |",
+             "|---" * (7 + len(schemes)) + "|"]
     groups: dict[tuple, dict] = {}
     for r in report["rows"]:
         groups.setdefault((r["N"], r["V"], r["batch"], r["tree"]), {})[r["scheme"]] = r
@@ -275,9 +311,10 @@ def table(report: dict) -> str:
         cells = [f"{_rate(by[s]['accept_rounds_per_s'])} ({_fractions(by[s])})" if s in by else "-"
                  for s in schemes]
         first = next(iter(by.values()))
-        read = first.get("read_floor_rounds_per_s")
+        read, res = first.get("read_floor_rounds_per_s"), first.get("residual_floor_rounds_per_s")
         lines.append(f"| {n} | {v} | {b} | {tree} | " + " | ".join(cells)
-                     + f" | {_rate(first['rng_floor_rounds_per_s'])} | {_rate(read) if read else '-'} |")
+                     + f" | {_rate(first['rng_floor_rounds_per_s'])} | {_rate(read) if read else '-'}"
+                     + f" | {_rate(res) if res else '-'} |")
     if all("speedup_vs_sequential" in r for r in report["rows"]):
         lines += ["", "Speedup over the sequential walk (same keys, same tokens):", "",
                   "| N | V | batch | tree | " + " | ".join(schemes) + " |", "|---" * (4 + len(schemes)) + "|"]
@@ -293,8 +330,9 @@ def _speedup(r: dict) -> str:
 
 
 def _fractions(r: dict) -> str:
-    read = r.get("fraction_of_read_floor")
-    return f"{r['fraction_of_floor']:.2f}" + (f" / {read:.2f}" if read is not None else "")
+    """``RNG / read / residual`` fractions; the floors a report predates are left out."""
+    parts = [r["fraction_of_floor"], r.get("fraction_of_read_floor"), r.get("fraction_of_residual_floor")]
+    return " / ".join(f"{x:.2f}" for x in parts if x is not None)
 
 
 def _rate(x: float) -> str:
@@ -305,7 +343,8 @@ def plot(report: dict, path) -> None:
     """Two panels per (case, tree) and scheme. Top: rounds/s (log scale), whiskers from the
     slowest to the fastest turn, the floors as ticks, the sequential walk's rate as a cross. Bottom: the fraction of the RNG floor
     (whiskers: its lowest and highest single turn) with the 0.5 target line, and the read
-    floor's own fraction of the RNG floor as a tick (what an exact rule cannot beat)."""
+    and residual floors' own fractions of the RNG floor as ticks (what an exact rule cannot
+    beat in a round that reads one row / that rejects)."""
     plt = common.pyplot()
     rows = report["rows"]
     groups = list(dict.fromkeys((r["N"], r["V"], r["batch"], r["tree"]) for r in rows))
@@ -337,6 +376,11 @@ def plot(report: dict, path) -> None:
                       label="read floor (RNG + one V-wide row)" if i == 0 else None)
             axf.hlines(first["read_floor_rounds_per_s"] / first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45,
                        color="0.5", lw=2, ls="--", label="read floor / RNG floor" if i == 0 else None)
+        if "residual_floor_rounds_per_s" in first:
+            ax.hlines(first["residual_floor_rounds_per_s"], i - 0.45, i + 0.45, color="0.2", lw=1.5, ls=":",
+                      label="residual floor (RNG + one pass over p and q)" if i == 0 else None)
+            axf.hlines(first["residual_floor_rounds_per_s"] / first["rng_floor_rounds_per_s"], i - 0.45, i + 0.45,
+                       color="0.2", lw=1.5, ls=":", label="residual floor / RNG floor" if i == 0 else None)
     axf.axhline(0.5, color="r", lw=1, ls=":", label="0.5 of the RNG floor (target)")
     ax.set_yscale("log")
     axf.set_xticks(range(len(groups)), [f"N={n} V={v}\nB={b} {t}" for n, v, b, t in groups], fontsize=7)
