@@ -42,7 +42,7 @@ deterministic scheme (no vocabulary pass at all) and traced trees (depth unknown
 time) take the *all-rows* form (:func:`_walk` + :func:`_choose_path`, which follows the
 path by the first failed test on a chain, depth by depth on another static tree, by
 ``[N, N]`` masks on a traced one). Both use the same
-uniforms and laws and agree token for token (tests/test_accept.py). A traced tree may give
+uniforms and laws and agree token for token (tests/test_accept.py) when batched alike. A traced tree may give
 any row up to N children, so under ``without_replacement`` it keeps the tried tokens in a
 dense per-token form stepped by a ``lax.scan`` over sibling ranks (:func:`_rank_walk_dense`):
 one traced step whatever N, instead of O(N^2) entries.
