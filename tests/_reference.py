@@ -143,7 +143,8 @@ def reference_probabilities(parents, tokens, target_probs, draft_probs, *, schem
         p, q_rem = P[r].copy(), Q[r].copy()
         for k, j in enumerate(kids):
             x = tokens[j]
-            onehot = np.eye(v)[x]
+            onehot = np.zeros(v)  # not np.eye(v)[x]: V^2 floats a node at large V
+            onehot[x] = 1.0
             if scheme == "iid":
                 qk = Q[r]
             elif scheme == "without_replacement":

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _reference import reference_probabilities
 
 from jaxspec import sampling
 from jaxspec.acceptance import SCHEMES, accept_probabilities, speculative_accept
@@ -244,46 +245,14 @@ def _check_round(tag, parents, v, toks, acc, resid, r):
     assert not (rejected & (acc[None, :] >= 1)).any(), f"{tag}: a node of acceptance probability 1 was rejected"
 
 
-def _literal_rule(parents, toks, target, draft, scheme):
-    """The rule read literally (docs/DESIGN.md §2) in float64 with full residual vectors,
-    the conventions of tests/_reference.py (a rejection whose residual sums to 0 keeps the
-    law; a row whose final residual sums to 0 emits from its target row):
-    -> (accept float64[N], emitted law float64[N + 1, V])."""
-    P, Q = np.asarray(target, np.float64), np.asarray(draft, np.float64)
-    n, v = len(parents), P.shape[1]
-    accept, laws = np.zeros(n), P / P.sum(axis=1, keepdims=True)
-    for row in range(n + 1):
-        p, q_left = P[row].copy(), Q[row].copy()
-        kids = _kids(parents, row)
-        for k, j in enumerate(kids):
-            x = int(toks[j])
-            point = np.zeros(v)
-            point[x] = 1.0
-            if scheme == "iid":
-                qk = Q[row]
-            elif scheme == "deterministic":
-                qk = point
-            else:
-                mass = q_left.sum()
-                qk = (q_left if k == 0 else q_left / mass) if mass > 0 else point
-            accept[j] = min(1.0, p[x] / qk[x]) if qk[x] > 0 else float(p[x] > 0)
-            res = np.maximum(p - qk, 0.0)
-            if res.sum() > 0:
-                p = res / res.sum()
-            elif k + 1 == len(kids):
-                p = P[row]
-            q_left[x] = 0.0
-        laws[row] = p / p.sum()
-    return accept, laws
-
-
 def _check_against_reference(tag, parents, toks, p, q, acc, resid, scheme):
-    """accept_probabilities vs the rule read literally in float64 (:func:`_literal_rule`),
+    """accept_probabilities vs the rule read literally in float64
+    (``reference_probabilities``, tests/_reference.py),
     wherever it matters: the acceptance probability of every node tried with probability
     > 1e-6 and the emitted law of every row a round ends at with probability > 1e-6 (the
     two differ by convention on probability-0 events, e.g. after rejecting a sibling of
     acceptance probability 1, and by float32 rounding on events of probability ~1e-8)."""
-    want_acc, want_resid = _literal_rule(parents, toks, p, q, scheme)
+    want_acc, want_resid = reference_probabilities(parents, toks, p, q, scheme=scheme)
     n = len(parents)
     arrive, stop, tried = np.zeros(n + 1), np.zeros(n + 1), np.zeros(n)
     arrive[0] = 1.0
