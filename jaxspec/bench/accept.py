@@ -104,56 +104,52 @@ def _inputs(n: int, v: int, batch: int, seed: int = 0):
     return p, q, toks
 
 
-def _floor_fn(n: int):
-    """keys[B] -> float32[B]: draws exactly what one round needs (split, N + 1 uniforms)."""
+def _round_floor(n: int, read=None):
+    """jit ``(keys[B], *rows[B, N + 1, V]) -> float32[B]``: what one round of the rule draws
+    (the key split, N acceptance uniforms, one more for the emitted token), summed, plus
+    ``read(u, *rows)`` of each lane's rows (``None``: nothing is read)."""
 
     @jax.jit
-    def floor(keys):
-        def one(key):
+    def floor(keys, *rows):
+        def one(key, *lane_rows):
             ka, ke = jax.random.split(key)
-            return jnp.sum(jax.random.uniform(ka, (n,))) + jax.random.uniform(ke, ())
+            u = jax.random.uniform(ka, (n,))
+            drawn = jnp.sum(u) + jax.random.uniform(ke, ())
+            return drawn if read is None else drawn + read(u, *lane_rows)
 
-        return jax.vmap(one)(keys)
+        return jax.vmap(one)(keys, *rows)
 
     return floor
 
 
+def _picked_row(u):
+    """int32 in [0, N]: a row index that depends on the uniforms, so that it is data, as
+    the emitted row is for the rule."""
+    return jnp.sum(u < 0.5, dtype=jnp.int32)
+
+
+def _floor_fn(n: int):
+    """keys[B] -> float32[B]: draws exactly what one round needs (split, N + 1 uniforms)."""
+    return _round_floor(n)
+
+
 def _read_floor_fn(n: int):
     """(keys[B], p[B, N + 1, V]) -> float32[B]: the floor's random numbers plus one read
-    of a V-wide row of ``p`` per round (the row index depends on the uniforms, so it is
-    data, as the emitted row is for the rule)."""
-
-    @jax.jit
-    def read_floor(keys, p):
-        def one(key, rows):
-            ka, ke = jax.random.split(key)
-            u = jax.random.uniform(ka, (n,))
-            row = jnp.sum(u < 0.5, dtype=jnp.int32)  # in [0, N]
-            return _sum_last(rows[row]) + jnp.sum(u) + jax.random.uniform(ke, ())
-
-        return jax.vmap(one)(keys, p)
-
-    return read_floor
+    of a V-wide row of ``p`` per round (the row picked by the uniforms)."""
+    return _round_floor(n, lambda u, p: _sum_last(p[_picked_row(u)]))
 
 
 def _residual_floor_fn(n: int):
     """(keys[B], p, q[B, N + 1, V]) -> float32[B]: the floor's random numbers plus one fused
-    pass over the ``p`` and ``q`` rows of one node (the row index depends on the uniforms):
+    pass over the ``p`` and ``q`` rows of one node (picked by the uniforms):
     ``sum(max(p - u q, 0))``, the residual mass an exact rule needs before it can draw
     from the residual of a rejecting round."""
 
-    @jax.jit
-    def residual_floor(keys, p, q):
-        def one(key, prow, qrow):
-            ka, ke = jax.random.split(key)
-            u = jax.random.uniform(ka, (n,))
-            row = jnp.sum(u < 0.5, dtype=jnp.int32)  # in [0, N]
-            mass = _sum_last(jnp.maximum(prow[row] - u[0] * qrow[row], 0.0))
-            return mass + jnp.sum(u) + jax.random.uniform(ke, ())
+    def mass(u, p, q):
+        row = _picked_row(u)
+        return _sum_last(jnp.maximum(p[row] - u[0] * q[row], 0.0))
 
-        return jax.vmap(one)(keys, p, q)
-
-    return residual_floor
+    return _round_floor(n, mass)
 
 
 class _Walk(NamedTuple):
