@@ -15,27 +15,18 @@ Public API (see docs/DESIGN.md §5):
   :func:`save_model`; :class:`ByteTokenizer`;
 * tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`,
   :func:`branching_widths`; the tree for this device: :func:`auto_tree` (lazy,
-  :mod:`jaxspec.autotree`);
+  :mod:`jaxspec.tuning.autotree`);
 * statistics for exactness claims: :mod:`jaxspec.stats`.
 """
 
-from jaxspec import sampling
-from jaxspec.acceptance import SCHEMES, AcceptResult, accept_probabilities, speculative_accept
-from jaxspec.cache import KVCache, advance, commit, init_cache
-from jaxspec.checkpoint import embedded_models, load_model, save_model
-from jaxspec.config import ModelConfig
-from jaxspec.generate import GenerateResult, generate, generate_autoregressive
-from jaxspec.masks import causal_cache_mask, tree_cache_mask
-from jaxspec.model import Transformer, decode_step, forward_logits, init_model, prefill
-from jaxspec.optimize import (
-    AcceptanceEstimate,
-    OptimizedTree,
-    branching_widths,
-    expected_accepted,
-    measure_acceptance,
-    optimize_tree,
+from jaxspec.core import sampling
+from jaxspec.core.acceptance import (
+    SCHEMES,
+    AcceptResult,
+    accept_probabilities,
+    speculative_accept,
 )
-from jaxspec.sampling import (
+from jaxspec.core.sampling import (
     draw,
     draw_deterministic,
     draw_iid,
@@ -46,8 +37,7 @@ from jaxspec.sampling import (
     warp_logits,
     warp_probs,
 )
-from jaxspec.tokenizer import ByteTokenizer
-from jaxspec.tree import (
+from jaxspec.core.tree import (
     branching,
     chain,
     from_parents,
@@ -58,22 +48,61 @@ from jaxspec.tree import (
     tree_positions,
     validate_parents,
 )
-from jaxspec.treespec import DynamicTree, parse_tree
+from jaxspec.core.treespec import DynamicTree, parse_tree
+from jaxspec.decode.generate import GenerateResult, generate, generate_autoregressive
+from jaxspec.decode.round import RoundParts
+from jaxspec.nn.cache import KVCache, advance, commit, init_cache
+from jaxspec.nn.checkpoint import embedded_models, load_model, save_model
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.nn.model import (
+    Transformer,
+    decode_step,
+    forward_logits,
+    init_model,
+    prefill,
+)
+from jaxspec.nn.tokenizer import ByteTokenizer
+from jaxspec.tuning.optimize import (
+    AcceptanceEstimate,
+    OptimizedTree,
+    branching_widths,
+    expected_accepted,
+    measure_acceptance,
+    optimize_tree,
+)
 
 __version__ = "0.1.0"
 
-# Heavy, rarely needed on the decode path (scipy.stats, plotting): imported on first use.
+__all__ = [
+    "SCHEMES", "AcceptResult", "AcceptanceEstimate", "ByteTokenizer", "DynamicTree", "GenerateResult", "KVCache",
+    "ModelConfig", "OptimizedTree", "RoundParts", "Transformer", "accept_probabilities", "advance", "branching",
+    "branching_widths", "causal_cache_mask", "chain", "commit", "decode_step", "draw", "draw_deterministic",
+    "draw_iid", "draw_without_replacement", "embedded_models", "expected_accepted", "forward_logits",
+    "from_parents", "generate", "generate_autoregressive", "init_cache", "init_model", "load_model",
+    "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling",
+    "save_model", "sibling_laws", "speculative_accept", "tree_cache_mask", "tree_children", "tree_depths",
+    "tree_mask", "tree_paths", "tree_positions", "validate_parents", "validate_warp_args", "warp_logits",
+    "warp_probs",
+    # imported on first use (see _LAZY)
+    "exactness", "mutants", "stats", "verify", "VerifyReport", "HFTokenizer", "load_tokenizer", "autotree",
+    "auto_tree", "AutoTreeResult",
+]
+
+# Heavy, rarely needed on the decode path (scipy.stats, plotting, tokenizers): imported on
+# first use. The exactness harness is the package jaxspec.exactness, not jaxspec.verify,
+# because jaxspec.verify is the function.
 _LAZY = {
     "exactness": ("jaxspec.exactness", None),
-    "mutants": ("jaxspec.mutants", None),
-    "stats": ("jaxspec.stats", None),
-    "verify": ("jaxspec.exactness", "verify"),
-    "VerifyReport": ("jaxspec.exactness", "VerifyReport"),
-    "HFTokenizer": ("jaxspec.hf_tokenizer", "HFTokenizer"),
-    "load_tokenizer": ("jaxspec.hf_tokenizer", "load_tokenizer"),
-    "autotree": ("jaxspec.autotree", None),
-    "auto_tree": ("jaxspec.autotree", "auto_tree"),
-    "AutoTreeResult": ("jaxspec.autotree", "AutoTreeResult"),
+    "mutants": ("jaxspec.exactness.mutants", None),
+    "stats": ("jaxspec.exactness.stats", None),
+    "verify": ("jaxspec.exactness.harness", "verify"),
+    "VerifyReport": ("jaxspec.exactness.report", "VerifyReport"),
+    "HFTokenizer": ("jaxspec.nn.hf_tokenizer", "HFTokenizer"),
+    "load_tokenizer": ("jaxspec.nn.hf_tokenizer", "load_tokenizer"),
+    "autotree": ("jaxspec.tuning.autotree", None),
+    "auto_tree": ("jaxspec.tuning.autotree", "auto_tree"),
+    "AutoTreeResult": ("jaxspec.tuning.autotree", "AutoTreeResult"),
 }
 
 

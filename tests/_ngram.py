@@ -15,9 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import sampling
-
-
+from jaxspec.core import sampling
 def bigram_tables(seed: int, v: int, *, alpha_target=0.7, mix=0.35):
     """Random bigram target and a draft that differs from it (acceptance well below 1)."""
     rng = np.random.default_rng(seed)

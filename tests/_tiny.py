@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspec import sampling
-from jaxspec.config import ModelConfig
-from jaxspec.model import forward_logits, init_model
+from jaxspec.core import sampling
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import forward_logits, init_model
 
 
 def tiny_config(vocab_size=4, hidden_size=8, num_heads=1, num_kv_heads=None, num_layers=1,

@@ -41,9 +41,9 @@ from _ngram import (
 from _reference import MUTANTS, reference_accept
 
 import jaxspec
-from jaxspec import sampling
-from jaxspec.acceptance import SCHEMES, speculative_accept
-from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample
+from jaxspec.core import sampling
+from jaxspec.core.acceptance import SCHEMES, speculative_accept
+from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample
 
 ALPHA_FAMILY = 1e-3
 NUM_TESTS = 150  # 9 + 6 + 5 cases x (joint, L marginals, two-sample) = 140 p-values

@@ -3,7 +3,7 @@ sizes around the one-level / two-level inverse-CDF boundary and awkward block si
 that are degenerate at those sizes, and the static vs traced (jit-argument) parents forms.
 
 Vocabularies (jaxspec/sampling.py): V <= 64 draws the extra token with one prefix sum,
-larger V in two levels over blocks of ``_block_size(V)`` cells:
+larger V in two levels over blocks of ``block_size(V)`` cells:
 
     V      1  2  63  64 | 65   97         200  1000  4099
     block  -  -  -   -  | 13   10 (+7)    20   40    65 (+4)      (+t: a tail block of t)
@@ -58,9 +58,9 @@ import numpy as np
 import pytest
 from _reference import reference_probabilities
 
-from jaxspec import sampling
-from jaxspec.acceptance import SCHEMES, accept_probabilities, speculative_accept
-from jaxspec.stats import chisquare_gof
+from jaxspec.core import sampling
+from jaxspec.core.acceptance import SCHEMES, accept_probabilities, speculative_accept
+from jaxspec.exactness.stats import chisquare_gof
 
 VOCABS = (1, 2, 63, 64, 65, 97, 200, 1000, 4099)
 #: root -> {0, 1}; 0 -> {2, 3, 4}; 2 -> {5}: leaves at depths 1, 2 and 3, a row of three
@@ -105,9 +105,9 @@ def _tail_cells(v):
     """The cells of the last block the two-level search scans: the tail block when V has
     one (97: 90..96, 4099: 4095..4098), else the last full block; at V <= 64 (one level)
     the last three cells."""
-    if v <= sampling._ONE_LEVEL_MAX_V:
+    if v <= sampling.ONE_LEVEL_MAX_V:
         return np.arange(max(v - 3, 0), v)
-    bs = sampling._block_size(v)
+    bs = sampling.block_size(v)
     nfull, tail = divmod(v, bs)
     return np.arange(nfull * bs, v) if tail else np.arange(v - bs, v)
 
@@ -301,7 +301,7 @@ def _program(v):
 
 
 @functools.lru_cache(maxsize=None)
-def _inputs(v):
+def bench_inputs(v):
     """Per scheme the list of (name, tokens, P, Q) cases, padded to one length."""
     trees = _program(v)[0]
     cases = {s: [(name, t, p, q) for name, (p, q, t) in _cases(v, trees[s], s, seed=v).items()] for s in SCHEMES}
@@ -322,7 +322,7 @@ def test_round_invariants_on_degenerate_rows(v):
     trees, run = _program(v)
     par_args = {s: jnp.asarray(trees[s], jnp.int32) for s in SCHEMES}
     keys = jax.random.split(jax.random.key(v), NUM_KEYS)
-    cases, count = _inputs(v)
+    cases, count = bench_inputs(v)
     for i in range(count):
         inputs = {s: cases[s][i][1:] for s in SCHEMES}
         out = run(keys, keys, par_args, inputs)
@@ -379,7 +379,7 @@ def test_emitted_token_frequencies_match_exact_law(v):
     block included) together."""
     trees, run = _program(v)
     par_args = {s: jnp.asarray(trees[s], jnp.int32) for s in SCHEMES}
-    cases, _ = _inputs(v)
+    cases, _ = bench_inputs(v)
     pick = {s: next(c for c in cases[s] if c[0] == FREQ_CASE[s]) for s in SCHEMES}
     inputs = {s: pick[s][1:] for s in SCHEMES}
     counts = {(s, form): 0 for s in SCHEMES for form in (0, 1)}

@@ -1,4 +1,4 @@
-"""jaxspec.autotree: the table and the choice with injected figures, timings of real
+"""jaxspec.tuning.autotree: the table and the choice with injected figures, timings of real
 jitted pieces on tiny random models, the on-disk cache, and argument validation."""
 
 import json
@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec import autotree
-from jaxspec.autotree import (
+from jaxspec.tuning import autotree
+from jaxspec.tuning.autotree import (
     AutoTreeResult,
     RoundCost,
     auto_tree,
@@ -18,10 +18,10 @@ from jaxspec.autotree import (
     measure_target_step,
     tabulate,
 )
-from jaxspec.config import ModelConfig
-from jaxspec.model import init_model
-from jaxspec.optimize import optimize_tree
-from jaxspec.treespec import StaticTree, parse_tree
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import init_model
+from jaxspec.tuning.optimize import optimize_tree
+from jaxspec.core.treespec import StaticTree, parse_tree
 
 # --------------------------------------------------------------------------- the choice
 
@@ -265,7 +265,7 @@ def test_auto_tree_validation(pair, tmp_path, kwargs, match):
 
 def test_auto_tree_model_validation(pair, tmp_path):
     target, draft = pair
-    with pytest.raises(ValueError, match="target: expected a jaxspec.model.Transformer"):
+    with pytest.raises(ValueError, match="target: expected a jaxspec.Transformer"):
         auto_tree("default-target", draft, scheme="deterministic")
     other = init_model(ModelConfig(vocab_size=65, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=1, num_attention_heads=2), jax.random.key(2))

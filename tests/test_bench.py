@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxspec.bench import BENCHMARKS, benchmark_module, common, run_benchmark
-from jaxspec.cli import main
+from jaxspec.cli.main import main
 
 
 def _positive(x) -> bool:
@@ -89,7 +89,7 @@ def test_decode_optimized_tree_matches_budget_and_is_the_model_optimum():
     the two trees is not compared here (the tiny pair is random; speed is the
     benchmark's business)."""
     from jaxspec.bench import decode
-    from jaxspec.treespec import parse_tree
+    from jaxspec.core.treespec import parse_tree
 
     cfg = decode.CONFIGS["tiny"]
     target, draft, _ = decode._models("tiny")
@@ -181,12 +181,12 @@ def test_sequential_walk_is_the_same_rule(scheme):
     """The benchmark's sequential baseline emits the library's tokens for the same keys
     (so its speedup compares two implementations of one rule), on a chain, a wide tree
     and a deep uneven tree, with repeated sibling tokens under iid."""
-    from jaxspec.bench.accept import _accept_fn, _inputs, _sequential_fn
+    from jaxspec.bench.accept import accept_fn, bench_inputs, _sequential_fn
 
     rng = np.random.default_rng(7)
     for parents in ([-1, 0, 1, 2, 3], [-1, -1, -1, -1, 0, 0], [-1, -1, 0, 0, 0, 2, 2, 5, -1]):
         n, v, b = len(parents), 6, 512
-        p, q, toks = _inputs(n, v, b, seed=n)
+        p, q, toks = bench_inputs(n, v, b, seed=n)
         if scheme != "iid":  # distinct siblings, as the draws produce them
             par = np.asarray(parents)
             t = np.zeros((b, n), np.int32)
@@ -196,7 +196,7 @@ def test_sequential_walk_is_the_same_rule(scheme):
                     t[row, kids] = rng.permutation(v)[: kids.size]
             toks = jnp.asarray(t)
         keys = jax.random.split(jax.random.key(n), b)
-        lib = np.asarray(_accept_fn(parents, scheme)(keys, toks, p, q))
+        lib = np.asarray(accept_fn(parents, scheme)(keys, toks, p, q))
         seq = np.asarray(_sequential_fn(parents, scheme)(keys, toks, p, q))
         np.testing.assert_array_equal(seq, lib)
         # not a trivial agreement: paths of several lengths were taken
@@ -343,10 +343,10 @@ def test_floors_do_the_work_they_are_named_for():
     floor adds the sum of the p row picked by the uniforms; the residual floor instead adds
     sum(max(p - u0 q, 0)) over the p and q rows of that node -- checked against numpy
     on the same keys, so a floor that skipped its read would fail."""
-    from jaxspec.bench.accept import _floor_fn, _inputs, _read_floor_fn, _residual_floor_fn
+    from jaxspec.bench.accept import _floor_fn, bench_inputs, _read_floor_fn, _residual_floor_fn
 
     n, v, b = 5, 7, 64
-    p, q, _ = _inputs(n, v, b, seed=3)
+    p, q, _ = bench_inputs(n, v, b, seed=3)
     keys = jax.random.split(jax.random.key(11), b)
     rng_part, rows, u0 = [], [], []
     for k in keys:

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.cache import KVCache, advance, commit, init_cache
-from jaxspec.config import ModelConfig
+from jaxspec.nn.cache import KVCache, advance, commit, init_cache
+from jaxspec.nn.config import ModelConfig
 
 CFG = ModelConfig(
     vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,

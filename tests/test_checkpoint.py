@@ -7,7 +7,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from jaxspec.checkpoint import (
+from jaxspec.nn.checkpoint import (
     MODELS_DIR,
     config_from_hf,
     config_to_hf,
@@ -17,8 +17,8 @@ from jaxspec.checkpoint import (
     read_config,
     save_model,
 )
-from jaxspec.config import ModelConfig
-from jaxspec.model import forward_logits, init_model
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import forward_logits, init_model
 
 
 def _config(**kw):
@@ -246,7 +246,7 @@ def test_integer_tensor_is_refused(tmp_path):
 
 
 def test_damaged_weights_cli_is_one_line(tmp_path, capsys):
-    from jaxspec.cli import main
+    from jaxspec.cli.main import main
 
     save_model(init_model(_config(), jax.random.key(0)), tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 3)
@@ -282,7 +282,7 @@ def test_embedded_models(name):
 def test_embedded_pair_sizes():
     target, draft = load_model("default-target"), load_model("default-draft")
     assert target.config.num_params() >= 4_000_000
-    from jaxspec.train import flops_per_token
+    from jaxspec.training.train import flops_per_token
 
     ctx = target.config.max_position_embeddings
     assert flops_per_token(draft.config, ctx) <= flops_per_token(target.config, ctx) / 8
@@ -357,8 +357,8 @@ _WORDS = ["<unk>", "<eos>", "def", "f", "(", ")", ":", "x", "return", "+", "1"] 
 
 
 def test_hf_tokenizer(tmp_path):
-    from jaxspec.hf_tokenizer import HFTokenizer, load_tokenizer
-    from jaxspec.tokenizer import ByteTokenizer
+    from jaxspec.nn.hf_tokenizer import HFTokenizer, load_tokenizer
+    from jaxspec.nn.tokenizer import ByteTokenizer
 
     _write_tokenizer(tmp_path, _WORDS)
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 1}))
@@ -376,7 +376,7 @@ def test_hf_tokenizer(tmp_path):
 def test_hf_tokenizer_not_installed(tmp_path, monkeypatch):
     import sys
 
-    from jaxspec.hf_tokenizer import HFTokenizer
+    from jaxspec.nn.hf_tokenizer import HFTokenizer
 
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "tokenizers", None)
@@ -393,7 +393,7 @@ def _pair(tmp_path, draft_vocab=40):
 
 
 def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
-    from jaxspec.cli import main
+    from jaxspec.cli.main import main
 
     target, draft = _pair(tmp_path)
     for folder in (target, draft):
@@ -416,7 +416,7 @@ def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
 
 
 def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
-    from jaxspec.cli import main
+    from jaxspec.cli.main import main
 
     target, draft = _pair(tmp_path, draft_vocab=48)
     argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "ab", "--max-new-tokens", "2"]

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxspec import cli
-
-
+from jaxspec.cli import main as cli
 def test_help(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -69,7 +67,7 @@ def test_bad_input_is_a_clean_error(argv, message, capsys, tmp_path, monkeypatch
 def test_model_flags_recompute_head_dim(flags, head_dim):
     """--hidden-size / --heads change hidden_size / heads, so the per-head width follows
     (it used to keep the preset's, silently building another model)."""
-    from jaxspec.train import PRESETS
+    from jaxspec.training.train import PRESETS
 
     args = cli.build_parser().parse_args(["train", "--out", "x", "--preset", "tiny", *flags])
     mc = cli._model_config(args)
@@ -87,8 +85,8 @@ def test_largest_seed_is_accepted():
 def test_output_folders_are_checked_before_training(command, flag, tmp_path, capsys, monkeypatch):
     """An --out / --export that is a file, or under a file, is refused up front (exit 2,
     naming the flag and the path): nothing is trained, loaded or created."""
-    import jaxspec.checkpoint
-    import jaxspec.train
+    import jaxspec.nn.checkpoint
+    import jaxspec.training.train
 
     def never(*a, **k):
         raise AssertionError("the output folder should have been refused before any work")
@@ -131,7 +129,7 @@ def test_export_out_dir_is_checked(where, tmp_path, capsys):
 
 
 def test_console_entry_point_has_no_traceback():
-    r = subprocess.run([sys.executable, "-m", "jaxspec.cli", "distill", "--target", "nope", "--out", "x"],
+    r = subprocess.run([sys.executable, "-m", "jaxspec.cli.main", "distill", "--target", "nope", "--out", "x"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "jaxspec distill: error: --target: load_model: unknown model 'nope'" in r.stderr
@@ -207,7 +205,7 @@ def test_command_modules_are_registered_on_import():
 
 def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypatch):
     """Ctrl-C (KeyboardInterrupt) mid-run: exit 130 and say which checkpoint --resume uses."""
-    import jaxspec.train as train_mod
+    import jaxspec.training.train as train_mod
 
     run = str(tmp_path / "t")
     real_step = train_mod._train_step

@@ -7,10 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.checkpoint import save_model
-from jaxspec.cli import main
-from jaxspec.config import ModelConfig
-from jaxspec.model import init_model
+from jaxspec.nn.checkpoint import save_model
+from jaxspec.cli.main import main
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import init_model
 
 
 def _run(capsys, *argv):
@@ -141,7 +141,7 @@ def test_scheme_defaults_per_tree(capsys):
 def test_auto_tree_keeps_the_measurement_when_the_cache_cannot_be_written(capsys, monkeypatch, tmp_path):
     """JAXSPEC_CACHE_DIR under a regular file: the cache entry cannot be written; auto_tree
     warns on stderr (naming JAXSPEC_CACHE_DIR and the entry) and returns what it measured."""
-    from jaxspec.autotree import auto_tree
+    from jaxspec.tuning.autotree import auto_tree
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -190,7 +190,7 @@ def test_no_warmup_generates_once_and_says_the_timing_includes_compilation(capsy
     for the same seed, and both the stderr line and the JSON say what the timing covers."""
     import importlib
 
-    gen = importlib.import_module("jaxspec.generate")  # the command imports it from there when it runs
+    gen = importlib.import_module("jaxspec.decode.generate")  # the command imports it from there when it runs
 
     calls = []
     real = gen.generate_autoregressive

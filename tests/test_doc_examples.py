@@ -34,22 +34,23 @@ import pytest
 from _tiny import tiny_pair
 
 import jaxspec
-from jaxspec import autotree, stats
-from jaxspec.acceptance import speculative_accept
-from jaxspec.config import ModelConfig
-from jaxspec.optimize import branching_widths, measure_acceptance, node_probabilities, optimize_tree
-from jaxspec.sampling import (
+from jaxspec.tuning import autotree
+from jaxspec.exactness import stats
+from jaxspec.core.acceptance import speculative_accept
+from jaxspec.nn.config import ModelConfig
+from jaxspec.tuning.optimize import branching_widths, measure_acceptance, node_probabilities, optimize_tree
+from jaxspec.core.sampling import (
     draw_without_replacement,
     sample_categorical,
     top_k_mask,
     validate_warp_args,
     warp_probs,
 )
-from jaxspec.tokenizer import ByteTokenizer
-from jaxspec.tree import tree_depths, validate_parents
-from jaxspec.treespec import DynamicTree, resolve_tree
+from jaxspec.nn.tokenizer import ByteTokenizer
+from jaxspec.core.tree import tree_depths, validate_parents
+from jaxspec.core.treespec import DynamicTree, resolve_tree
 
-gen = importlib.import_module("jaxspec.generate")  # the module (jaxspec.generate is the function)
+gen = importlib.import_module("jaxspec.decode.generate")  # the module (jaxspec.generate is the function)
 
 F, T = False, True
 

@@ -26,12 +26,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec import exact_laws, exactness, mutants, sample_counts, sampling
-from jaxspec.exactness import default_pair, exact_law, expected_acceptance, verify
-from jaxspec.model import forward_logits
-from jaxspec.treespec import resolve_tree
+from jaxspec.exactness import exact_laws
+from jaxspec.exactness import harness as exactness
+from jaxspec.exactness import mutants
+from jaxspec.exactness import sample_counts
+from jaxspec.core import sampling
+from jaxspec.exactness.harness import default_pair, exact_law, expected_acceptance, verify
+from jaxspec.nn.model import forward_logits
+from jaxspec.core.treespec import resolve_tree
 
-gen = importlib.import_module("jaxspec.generate")  # the module (jaxspec.generate may be the function)
+gen = importlib.import_module("jaxspec.decode.generate")  # the module (jaxspec.generate may be the function)
 
 SMALL = 1 << 14
 MUTANT_SAMPLES = 1 << 15
@@ -140,8 +144,7 @@ def test_public_names_stay_importable_from_exactness():
     """The split into exact_laws / sample_counts / verify_report keeps every public name of
     jaxspec.exactness (tests, notebooks, the CLI and jaxspec's lazy exports use them)."""
     import jaxspec
-    from jaxspec import verify_report
-
+    from jaxspec.exactness import report as verify_report
     names = {"MAX_CELLS", "MAX_ACCEPT_TERMS", "DEFAULT_TREE", "DEFAULT_SCHEME", "DEFAULT_PROMPT", "TestResult",
              "VerifyReport", "verify", "default_pair", "exact_law", "ExactLaw", "expected_acceptance"}
     assert names <= set(exactness.__all__)
@@ -344,8 +347,8 @@ def test_bad_input_is_named(kw, message):
 
 
 def test_large_vocabulary_needs_top_k():
-    from jaxspec.config import ModelConfig
-    from jaxspec.model import init_model
+    from jaxspec.nn.config import ModelConfig
+    from jaxspec.nn.model import init_model
 
     cfg = ModelConfig(vocab_size=300, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                       num_attention_heads=1, max_position_embeddings=32)
@@ -361,7 +364,7 @@ def test_large_vocabulary_needs_top_k():
 _SHARD_SCRIPT = textwrap.dedent(
     """
     import hashlib, json, jax
-    from jaxspec.exactness import verify
+    from jaxspec.exactness.harness import verify
     r = verify(tree="chain:1", num_samples=20000, chunk_size=4096, seed=3, check_acceptance=False,
                progress=False)
     blob = r.spec_counts.tobytes() + r.ar_counts.tobytes() + r.spec_marginals.tobytes()
@@ -395,7 +398,7 @@ def test_counts_identical_on_1_and_8_devices():
 def test_verdict_needs_power(small_report):
     """Rejected beats everything; else a test without power, or a smallest detectable TV >= 1
     (the bound is inclusive), makes the run inconclusive, not passed."""
-    from jaxspec.verify_report import MAX_MIN_DETECTABLE_TV
+    from jaxspec.exactness.report import MAX_MIN_DETECTABLE_TV
 
     r = small_report
     assert MAX_MIN_DETECTABLE_TV == 1.0
@@ -424,8 +427,7 @@ def test_verdict_needs_power(small_report):
 
 def test_power_rules_and_the_samples_they_need():
     """Each helper returns the fewest samples at which its rule holds (one fewer fails it)."""
-    from jaxspec import stats
-
+    from jaxspec.exactness import stats
     for probs in ([0.5, 0.3, 0.15, 0.03, 0.02], [0.9, 0.05, 0.05], [0.25] * 4, [1 - 1e-6, 1e-6], [0.0, 0.6, 0.4]):
         p = np.asarray(probs)
         n = exactness._gof_samples(p)

@@ -14,15 +14,15 @@ import pytest
 from _tiny import next_token_probs, tiny_pair
 from flax import nnx
 
-from jaxspec import sampling
-from jaxspec.cache import commit
-from jaxspec.draft import Warp, propose_dynamic, propose_static
-from jaxspec.model import prefill
-from jaxspec.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
+from jaxspec.core import sampling
+from jaxspec.nn.cache import commit
+from jaxspec.decode.draft import Warp, propose_dynamic, propose_static
+from jaxspec.nn.model import prefill
+from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
 
 # the module itself: once the package re-exports the function ``generate``, the
 # attribute ``jaxspec.generate`` is that function
-gen = importlib.import_module("jaxspec.generate")
+gen = importlib.import_module("jaxspec.decode.generate")
 
 SCHEMES = sampling.SCHEMES
 V = 8
@@ -444,7 +444,7 @@ def test_boundary_validation(pair):
     err("key", None, target, draft, [[1]])
     other, _ = tiny_pair(0, vocab_size=4)
     err("draft: vocab_size = 4; expected the target's vocab_size = 8", k, target, other, [[1]])
-    err("draft: expected a jaxspec.model.Transformer", k, target, "draft", [[1]])
+    err("draft: expected a jaxspec.Transformer", k, target, "draft", [[1]])
     err("on_round = 5: expected None or a function", on_round=5)
     with pytest.raises(ValueError, match="on_round = 'x'"):
         gen.generate_autoregressive(k, target, [[1]], max_new_tokens=1, on_round="x")

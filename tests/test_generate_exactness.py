@@ -43,13 +43,13 @@ import pytest
 from _tiny import exact_joint, tiny_pair
 from flax import nnx
 
-from jaxspec import mutants
-from jaxspec.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
-from jaxspec.treespec import DynamicTree
+from jaxspec.exactness import mutants
+from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
+from jaxspec.core.treespec import DynamicTree
 
 # the module itself: once the package re-exports the function ``generate``, the
 # attribute ``jaxspec.generate`` is that function
-gen = importlib.import_module("jaxspec.generate")
+gen = importlib.import_module("jaxspec.decode.generate")
 
 ALPHA_FAMILY = 1e-3
 NUM_TESTS = 70

@@ -17,11 +17,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxspec.checkpoint import load_model, save_model  # noqa: E402
-from jaxspec.cli import main  # noqa: E402
-from jaxspec.config import ModelConfig  # noqa: E402
-from jaxspec.generate import generate, generate_autoregressive  # noqa: E402
-from jaxspec.model import forward_logits, init_model  # noqa: E402
+from jaxspec.nn.checkpoint import load_model, save_model  # noqa: E402
+from jaxspec.cli.main import main  # noqa: E402
+from jaxspec.nn.config import ModelConfig  # noqa: E402
+from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
+from jaxspec.nn.model import forward_logits, init_model  # noqa: E402
 
 V = 64
 SIZES = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.masks import causal_cache_mask, tree_cache_mask
-from jaxspec.tree import tree_mask
+from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.core.tree import tree_mask
 
 LENGTHS = [2, 1]
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec.cache import commit, init_cache
-from jaxspec.config import ModelConfig
-from jaxspec.masks import causal_cache_mask, tree_cache_mask
-from jaxspec.model import Transformer, decode_step, forward_logits, init_model, prefill
-from jaxspec.tree import chain, tree_depths, tree_mask, tree_paths, tree_positions
+from jaxspec.nn.cache import commit, init_cache
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.nn.model import Transformer, decode_step, forward_logits, init_model, prefill
+from jaxspec.core.tree import chain, tree_depths, tree_mask, tree_paths, tree_positions
 
 TOL = 1e-5
 CFG = ModelConfig(

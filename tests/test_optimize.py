@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec.acceptance import speculative_accept
-from jaxspec.config import ModelConfig
-from jaxspec.model import forward_logits, init_model
-from jaxspec.optimize import (
+from jaxspec.core.acceptance import speculative_accept
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import forward_logits, init_model
+from jaxspec.tuning.optimize import (
     expected_accepted,
     measure_acceptance,
     node_probabilities,
     optimize_tree,
     positional_acceptance,
 )
-from jaxspec.sampling import draw
-from jaxspec.tree import sibling_ranks, validate_parents
+from jaxspec.core.sampling import draw
+from jaxspec.core.tree import sibling_ranks, validate_parents
 
 VECTORS = (
     [0.6, 0.2, 0.1],
@@ -392,8 +392,8 @@ def test_measure_validation(pair):
 def test_branching_widths_against_brute_force(n, max_depth):
     """Every per-level branching tree of exactly n nodes, depth <= max_depth: compare
     with all width tuples of at most max_depth entries in 1..n (plain itertools)."""
-    from jaxspec.optimize import branching_widths
-    from jaxspec.tree import branching
+    from jaxspec.tuning.optimize import branching_widths
+    from jaxspec.core.tree import branching
 
     want = []
     for d in range(1, max_depth + 1):
@@ -448,9 +448,9 @@ def _optimized_vs_branching(n, max_depth, num_prompts, max_new_tokens, z=3.0):
     sqrt(B), z = 3 fixed in advance (one-sided 0.13% per tree, < 3% family-wise over
     the 16 trees of the slow case; the seeds are fixed, so the run is deterministic).
     """
-    from jaxspec.checkpoint import load_model
-    from jaxspec.corpus import eval_windows, load_corpus
-    from jaxspec.optimize import branching_widths
+    from jaxspec.nn.checkpoint import load_model
+    from jaxspec.training.corpus import eval_windows, load_corpus
+    from jaxspec.tuning.optimize import branching_widths
 
     target, draft = load_model("default-target"), load_model("default-draft")
     val = load_corpus().val  # the held-out split (modules hashed out of training)
@@ -488,7 +488,7 @@ def _optimized_vs_branching(n, max_depth, num_prompts, max_new_tokens, z=3.0):
 
 
 def _branching(widths):
-    from jaxspec.tree import branching
+    from jaxspec.core.tree import branching
 
     return branching(widths)
 

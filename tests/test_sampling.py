@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec import sampling
-from jaxspec.sampling import (
+from jaxspec.core import sampling
+from jaxspec.core.sampling import (
     draw,
     draw_deterministic,
     draw_iid,
@@ -26,7 +26,7 @@ from jaxspec.sampling import (
     warp_logits,
     warp_probs,
 )
-from jaxspec.stats import chisquare_gof
+from jaxspec.exactness.stats import chisquare_gof
 
 P_MIN = 1e-4  # fixed in advance, not tuned
 N_DRAWS = 1 << 18  # 262144 vmapped draws per statistical test
@@ -181,7 +181,7 @@ def test_sample_categorical_frequencies_and_never_zero():
 
 def test_sample_categorical_edge_cases():
     probs = jnp.array([0.0, 0.3, 0.0, 0.7, 0.0])
-    inv = sampling._inverse_cdf
+    inv = sampling.inverse_cdf
     assert int(inv(jnp.float32(0.0), probs)) == 1
     assert int(inv(jnp.float32(np.nextafter(np.float32(1), np.float32(0))), probs)) == 3
     assert int(inv(jnp.float32(1.0), probs)) == 3  # clamp to the last positive token
@@ -404,9 +404,9 @@ def test_inverse_cdf_matches_float64_searchsorted(v):
     rows[0] = 0.0
     rows[0, v - 1] = 2.0  # all mass in the last (tail) cell
     u = rng.random((64, 50)).astype(np.float32)
-    got = np.asarray(jax.jit(jax.vmap(jax.vmap(sampling._inverse_cdf, in_axes=(0, None))))(u, rows))
+    got = np.asarray(jax.jit(jax.vmap(jax.vmap(sampling.inverse_cdf, in_axes=(0, None))))(u, rows))
     # the same draws with the 50 uniforms of a row passed together against it (broadcast)
-    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(sampling._inverse_cdf))(u, rows)), got)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(sampling.inverse_cdf))(u, rows)), got)
     cdf = np.cumsum(rows.astype(np.float64), axis=1)
     want = np.stack([np.searchsorted(cdf[i], u[i] * cdf[i, -1], side="right") for i in range(64)])
     assert (rows[np.arange(64)[:, None], got] > 0).all()
@@ -487,7 +487,7 @@ def test_draws_reject_bad_concrete_rows(scheme, row, match):
 
 @pytest.mark.parametrize("scheme", sampling.SCHEMES)
 def test_draws_row_tolerance_and_traced_rows(scheme):
-    from jaxspec.sampling import ROW_SUM_TOL as tol  # the tolerance speculative_accept uses
+    from jaxspec.core.sampling import ROW_SUM_TOL as tol  # the tolerance speculative_accept uses
 
     near = jnp.array([0.5, 0.25, 0.25 + tol / 2, 0.0])  # within tolerance: fine
     draw(jax.random.key(0), near, 2, scheme)
@@ -570,7 +570,7 @@ def test_top_k_at_least_vocab_keeps_every_token():
 
 
 def test_row_sum_tolerance_follows_the_dtype():
-    from jaxspec.sampling import ROW_SUM_TOL, row_sum_tol
+    from jaxspec.core.sampling import ROW_SUM_TOL, row_sum_tol
 
     assert row_sum_tol(jnp.float32) == ROW_SUM_TOL == row_sum_tol(np.float64)
     assert row_sum_tol(jnp.bfloat16) == 2.0 ** -7  # bfloat16's epsilon: coarser than 1e-3

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxspec.stats import (
+from jaxspec.exactness.stats import (
     ChiSquareResult,
     bonferroni,
     chisquare_gof,

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.checkpoint import load_model
-from jaxspec.config import ModelConfig
-from jaxspec.corpus import (
+from jaxspec.nn.checkpoint import load_model
+from jaxspec.nn.config import ModelConfig
+from jaxspec.training.corpus import (
     EXCLUDED_DIRS,
     BatchSampler,
     eval_windows,
@@ -17,9 +17,9 @@ from jaxspec.corpus import (
     list_source_files,
     load_corpus,
 )
-from jaxspec.model import init_model
-from jaxspec.tokenizer import BOS_ID, EOS_ID
-from jaxspec.train import (
+from jaxspec.nn.model import init_model
+from jaxspec.nn.tokenizer import BOS_ID, EOS_ID
+from jaxspec.training.train import (
     PRESETS,
     TrainConfig,
     acceptance_alpha,
@@ -96,7 +96,7 @@ def test_sampler_is_deterministic_and_resumable(corpus):
 def test_more_eval_windows_than_the_stream_holds_is_refused(corpus, tmp_path):
     """More windows than distinct start positions would only repeat windows (and make every
     evaluation slow): an error naming the field, before any training."""
-    from jaxspec.train import _val_windows
+    from jaxspec.training.train import _val_windows
 
     distinct = corpus.val.size - CFG.seq_len
     assert _val_windows(corpus, dataclasses.replace(CFG, eval_windows=distinct)).shape == (distinct, CFG.seq_len + 1)
@@ -143,7 +143,7 @@ def _params(model):
 
 
 def test_resume_equals_uninterrupted(trained, corpus, tmp_path):
-    from jaxspec.train import _train_step
+    from jaxspec.training.train import _train_step
 
     _, full = trained
     compiled = _train_step._cache_size()

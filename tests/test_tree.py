@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import tree as T
-
+from jaxspec.core import tree as T
 BRANCHING = [-1, -1, 0, 0, 1, 2]
 BRANCHING_MASK = np.array(
     [

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from jaxspec import cli  # registers jaxspec/cli_*.py, so "verify" too
-from jaxspec.mutants import MUTANTS
+from jaxspec.exactness.mutants import MUTANTS
 
 
 def test_help_lists_the_flags(capsys):
@@ -86,7 +86,7 @@ def test_samples_bound_is_inclusive():
 def test_count_samples_refuses_an_int32_block_overflow():
     import jax
 
-    from jaxspec.sample_counts import count_samples
+    from jaxspec.exactness.sample_counts import count_samples
 
     common = dict(kind="spec", cfg=None, impl=None, states=(), temps=(1.0, 1.0), key=jax.random.key(0),
                   prompt=(1,), horizon=1, vocab=4, levels=(), devices=jax.devices()[:1], progress=False, desc="x")
@@ -99,7 +99,7 @@ def test_count_samples_refuses_an_int32_block_overflow():
 
 
 def _no_sampling(monkeypatch):
-    import jaxspec.exactness
+    import jaxspec.exactness.harness
 
     def never(*a, **k):
         raise AssertionError("verify should have refused its arguments before sampling")
@@ -123,7 +123,7 @@ def test_plots_folder_is_checked_before_sampling(where, tmp_path, capsys, monkey
 def test_failures_exit_2_never_1(exc, capsys, monkeypatch):
     """Exit status 1 means a test rejected: an OSError (unwritable plots, full disk) or a
     device error while verifying exits 2 with its message."""
-    import jaxspec.exactness
+    import jaxspec.exactness.harness
 
     def fail(*a, **k):
         raise exc
@@ -135,7 +135,7 @@ def test_failures_exit_2_never_1(exc, capsys, monkeypatch):
 
 
 def test_unwritable_plots_after_a_passing_run_exit_2(tmp_path, capsys, monkeypatch):
-    from jaxspec.verify_report import VerifyReport
+    from jaxspec.exactness.report import VerifyReport
 
     def fail(self, directory):
         raise PermissionError(13, "Permission denied", str(tmp_path / "marginals.png"))
@@ -242,7 +242,7 @@ def test_float32_range_is_accepted():
 def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
     """--scheme not given: deterministic for a dynamic tree (the only scheme it accepts),
     iid otherwise; given: passed through."""
-    import jaxspec.exactness
+    import jaxspec.exactness.harness
 
     seen = {}
 

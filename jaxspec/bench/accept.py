@@ -50,10 +50,10 @@ import jax
 import jax.numpy as jnp
 
 import jaxspec
-from jaxspec.acceptance import _ratio
 from jaxspec.bench import common
-from jaxspec.sampling import _sum_last, sample_categorical
-from jaxspec.tree import tree_children
+from jaxspec.core.numerics import accept_ratio, sum_last
+from jaxspec.core.sampling import sample_categorical
+from jaxspec.core.tree import tree_children
 
 __all__ = ["NAME", "AcceptBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
 
@@ -95,7 +95,7 @@ def _parents(spec) -> jax.Array:
     return jaxspec.chain(arg) if kind == "chain" else jaxspec.branching(arg)
 
 
-def _inputs(n: int, v: int, batch: int, seed: int = 0):
+def bench_inputs(n: int, v: int, batch: int, seed: int = 0):
     """p, q: float32[batch, n + 1, v] random laws; toks: int32[batch, n]."""
     k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
     p = jax.nn.softmax(jax.random.normal(k1, (batch, n + 1, v)) * 2.0, axis=-1)
@@ -136,7 +136,7 @@ def _floor_fn(n: int):
 def _read_floor_fn(n: int):
     """(keys[B], p[B, N + 1, V]) -> float32[B]: the floor's random numbers plus one read
     of a V-wide row of ``p`` per round (the row picked by the uniforms)."""
-    return _round_floor(n, lambda u, p: _sum_last(p[_picked_row(u)]))
+    return _round_floor(n, lambda u, p: sum_last(p[_picked_row(u)]))
 
 
 def _residual_floor_fn(n: int):
@@ -147,7 +147,7 @@ def _residual_floor_fn(n: int):
 
     def mass(u, p, q):
         row = _picked_row(u)
-        return _sum_last(jnp.maximum(p[row] - u[0] * q[row], 0.0))
+        return sum_last(jnp.maximum(p[row] - u[0] * q[row], 0.0))
 
     return _round_floor(n, mass)
 
@@ -192,7 +192,7 @@ def _sequential_fn(parents, scheme: str):
                 qk = jnp.where(mass > 0, w.q / jnp.where(mass > 0, mass, 1.0), at_x.astype(jnp.float32))
             else:
                 qk = at_x.astype(jnp.float32)
-            ok = u[jnp.maximum(node, 0)] < _ratio(w.p[x], qk[x])
+            ok = u[jnp.maximum(node, 0)] < accept_ratio(w.p[x], qk[x])
             res = jnp.maximum(w.p - qk, 0.0)
             total = jnp.sum(res)
             rejected = jnp.where(total > 0, res / jnp.where(total > 0, total, 1.0), w.p)
@@ -212,7 +212,7 @@ def _sequential_fn(parents, scheme: str):
     return jax.jit(jax.vmap(one))
 
 
-def _accept_fn(parents, scheme: str):
+def accept_fn(parents, scheme: str):
     """(keys[B], toks[B, N], p[B, N+1, V], q[B, N+1, V]) -> int32[B, N + 1] emitted tokens."""
     return jax.jit(jax.vmap(
         lambda k, t, pp, qq: jaxspec.speculative_accept(k, parents, t, pp, qq, scheme=scheme).tokens
@@ -225,14 +225,14 @@ def run(size: str = "quick", *, config: AcceptBenchConfig | None = None) -> dict
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     rows = []
     for n, v, batch, trees in cfg.cases:
-        p, q, toks = _inputs(n, v, batch)
+        p, q, toks = bench_inputs(n, v, batch)
         keys = jax.random.split(jax.random.key(1), batch)
         calls = {"floor": (_floor_fn(n), (keys,)), "read": (_read_floor_fn(n), (keys, p)),
                  "residual": (_residual_floor_fn(n), (keys, p, q))}
         for tree_name, spec in trees:
             parents = _parents(spec)
             for scheme in cfg.schemes:
-                calls[(tree_name, scheme)] = (_accept_fn(parents, scheme), (keys, toks, p, q))
+                calls[(tree_name, scheme)] = (accept_fn(parents, scheme), (keys, toks, p, q))
                 calls[("sequential", tree_name, scheme)] = (_sequential_fn(parents, scheme), (keys, toks, p, q))
         common.log(f"accept: N={n} V={v} B={batch}: compiling {(len(calls) - 3) // 2} rules and as many "
                    f"sequential walks, timing {cfg.repeats} turns of {cfg.min_time:g} s each ...")

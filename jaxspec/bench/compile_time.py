@@ -77,7 +77,7 @@ def _first_and_steady(call: Callable[[], object], repeats: int) -> tuple[float, 
 
 def _models(kind: str):
     if kind == "tiny":
-        from jaxspec.exactness import default_pair  # noqa: PLC0415
+        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
 
         return default_pair(0, vocab_size=264, hidden_size=32), "tiny random pair (exactness.default_pair, V=264)"
     return (jaxspec.load_model("default-target"), jaxspec.load_model("default-draft")), "default-target/draft"
@@ -137,16 +137,16 @@ def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dic
 
 def _accept_row(n: int, v: int, batch: int, repeats: int) -> dict:
     """First/steady call and the AOT stages of the vmapped acceptance rule."""
-    from jaxspec.bench.accept import _accept_fn, _inputs  # noqa: PLC0415
+    from jaxspec.bench.accept import accept_fn, bench_inputs  # noqa: PLC0415
 
-    p, q, toks = _inputs(n, v, batch)  # [B, N + 1, V], [B, N + 1, V], [B, N]
+    p, q, toks = bench_inputs(n, v, batch)  # [B, N + 1, V], [B, N + 1, V], [B, N]
     keys = jax.random.split(jax.random.key(1), batch)
     parents = jaxspec.chain(n)
-    fn = _accept_fn(parents, "iid")  # one jit object: the steady calls must hit its cache
+    fn = accept_fn(parents, "iid")  # one jit object: the steady calls must hit its cache
     first, steady = _first_and_steady(lambda: fn(keys, toks, p, q), repeats)
     jax.clear_caches()
     t0 = time.perf_counter()
-    lowered = _accept_fn(parents, "iid").lower(keys, toks, p, q)
+    lowered = accept_fn(parents, "iid").lower(keys, toks, p, q)
     t_lower = time.perf_counter() - t0
     t0 = time.perf_counter()
     lowered.compile()

@@ -43,7 +43,6 @@ and ``optimized`` per temperature, ``headline`` (chain:4, temperature 0, batch 1
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -51,13 +50,13 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.bench import common
-from jaxspec.cache import init_cache
-from jaxspec.masks import tree_cache_mask
-from jaxspec.model import Transformer
-from jaxspec.treespec import DynamicTree, StaticTree, parse_tree
+from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree
 
 # the module itself: the package re-exports the function ``generate`` under the same name
-gen = importlib.import_module("jaxspec.generate")
+from jaxspec.decode import generate as gen  # noqa: E402
+from jaxspec.nn.cache import init_cache
+from jaxspec.nn.masks import tree_cache_mask
+from jaxspec.nn.model import Transformer
 
 __all__ = ["NAME", "DecodeBenchConfig", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
 
@@ -132,12 +131,12 @@ CONFIGS = {
 
 def _models(kind: str) -> tuple[Transformer, Transformer, dict]:
     if kind == "tiny":  # a random pair whose draft is correlated with the target (acceptance > 0)
-        from jaxspec.exactness import default_pair  # noqa: PLC0415
+        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
 
         target, draft = default_pair(0, vocab_size=TINY_VOCAB, hidden_size=32)
         return target, draft, {"target": f"tiny random (exactness.default_pair, V={TINY_VOCAB})",
                                "draft": "its mixed draft"}
-    from jaxspec.checkpoint import load_model  # noqa: PLC0415
+    from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
 
     return load_model("default-target"), load_model("default-draft"), {"target": "default-target",
                                                                          "draft": "default-draft"}
@@ -145,7 +144,7 @@ def _models(kind: str) -> tuple[Transformer, Transformer, dict]:
 
 def _prompts(batch: int) -> list[list[int]]:
     """``batch`` byte-tokenized prompts (with BOS); batch 1: :data:`DEFAULT_PROMPT`."""
-    from jaxspec.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
     if not 1 <= batch <= len(BATCH_PROMPTS):
         raise ValueError(f"batch = {batch!r}: expected 1 .. {len(BATCH_PROMPTS)} (prompts available)")
@@ -185,8 +184,8 @@ def _scheme(spec, temperature: float) -> str:
 
 def _acceptance(target, draft, cfg: DecodeBenchConfig, temperature: float) -> dict:
     """Positional acceptance of the pair at ``temperature`` on held-out windows."""
-    from jaxspec.corpus import eval_windows, load_corpus  # noqa: PLC0415
-    from jaxspec.optimize import measure_acceptance  # noqa: PLC0415
+    from jaxspec.training.corpus import eval_windows, load_corpus  # noqa: PLC0415
+    from jaxspec.tuning.optimize import measure_acceptance  # noqa: PLC0415
 
     corpus = load_corpus(max_files=cfg.acceptance_max_files)
     windows = eval_windows(corpus.val, cfg.acceptance_windows, cfg.acceptance_seq_len)  # int32[W, T + 1]
@@ -200,7 +199,7 @@ def _acceptance(target, draft, cfg: DecodeBenchConfig, temperature: float) -> di
 
 
 def _optimized(acc: dict, like: str) -> dict:
-    from jaxspec.optimize import expected_accepted, optimize_tree  # noqa: PLC0415
+    from jaxspec.tuning.optimize import expected_accepted, optimize_tree  # noqa: PLC0415
 
     ref = parse_tree(like)
     if not isinstance(ref, StaticTree):
@@ -311,7 +310,7 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, a
     tps = s["tokens"] / sec["spec"]
     model_tau = None
     if acc is not None and isinstance(spec, StaticTree):
-        from jaxspec.optimize import expected_accepted  # noqa: PLC0415
+        from jaxspec.tuning.optimize import expected_accepted  # noqa: PLC0415
 
         model_tau = float(expected_accepted(list(spec.parents), acc["mean"]) + 1.0)
     return {

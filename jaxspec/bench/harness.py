@@ -94,7 +94,7 @@ def measure_point(num_samples: int, chunk_size: int, *, tree: str, scheme: str, 
                   check_acceptance: bool) -> dict:
     """Run verify once in *this* process and report its memory and speed (call it in a
     fresh process: the peak is the process's lifetime peak)."""
-    from jaxspec.exactness import default_pair, verify  # noqa: PLC0415
+    from jaxspec.exactness.harness import default_pair, verify  # noqa: PLC0415
 
     target, draft = default_pair(0)
     baseline = rss_mb()

@@ -1,0 +1,139 @@
+"""What every ``jaxspec`` subcommand shares: the :class:`Command` record and its
+:func:`command` decorator, :class:`CLIError`, argument types, and the checks of output
+folders, model flags and ``--scheme``.
+
+A subcommand is a function ``setup(parser) -> handler`` wrapped by :func:`command`: it adds
+its arguments to its ``argparse`` subparser and returns the function that runs it::
+
+    @command("hello", help="say hello")
+    def hello_command(p: argparse.ArgumentParser) -> Handler:
+        p.add_argument("--name", default="world")
+
+        def run(args: argparse.Namespace) -> int:
+            print(f"hello {args.name}")
+            return 0
+
+        return run
+
+:mod:`jaxspec.cli.main` lists the commands it offers explicitly (``COMMANDS``).
+Handlers report bad input by raising :class:`CLIError` (or ``ValueError`` /
+``FileNotFoundError`` from the library): ``main`` prints ``jaxspec <cmd>: error: <msg>``
+and returns exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = [
+    "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model",
+    "resolve_scheme", "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
+]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CLIError(Exception):
+    """Bad user input: reported as one line on stderr, exit status 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, its one-line help, and ``setup(parser) -> handler``."""
+
+    name: str
+    help: str
+    setup: Callable[[argparse.ArgumentParser], Handler]
+
+
+def command(name: str, *, help: str):  # noqa: A002 (argparse's word)
+    """Decorator: ``setup(parser) -> handler`` becomes the :class:`Command` ``name``."""
+
+    def wrap(setup: Callable[[argparse.ArgumentParser], Handler]) -> Command:
+        return Command(name, help, setup)
+
+    return wrap
+
+
+def arg_type(convert, ok, what: str):
+    """An argparse ``type=``: ``convert`` the string, then require ``ok(value)``; the
+    message says what was expected and what was given."""
+
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+positive_int = arg_type(int, lambda v: v >= 1, "a positive integer")
+nonneg_int = arg_type(int, lambda v: v >= 0, "a non-negative integer")
+# numbers the computation holds in float32: at most float32's largest finite number
+F32_MAX = 3.4028234663852886e38  # float(numpy.finfo(numpy.float32).max), without importing numpy
+positive_float = arg_type(float, lambda v: 0 < v <= F32_MAX, "a positive number (at most 3.4e38)")
+nonneg_float = arg_type(float, lambda v: 0 <= v <= F32_MAX, "a non-negative number (at most 3.4e38)")
+unit_float = arg_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+# --seed: jax.random.key keeps 32 bits of the seed (2**32 + s would give the key of s)
+seed_int = arg_type(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
+
+
+def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
+    """Refuse, before any long work, an output folder that cannot be written.
+
+    ``path`` must be an existing folder, or creatable: its nearest existing ancestor is a
+    folder this process can create entries in. That is tried with a temporary folder,
+    removed at once (``os.access`` answers yes to root for places such as ``/proc``).
+    Raises :class:`CLIError` naming ``flag`` (``--out``, ``OUT_DIR``, ...) and ``path``;
+    returns ``Path(path)``.
+    """
+    if not str(path).strip():
+        raise CLIError(f"{flag} {str(path)!r}: expected a folder path, got an empty one")
+    p = Path(path).expanduser()
+    here = Path(os.path.abspath(p))
+    anc = here
+    while not os.path.lexists(anc) and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        if anc == here:
+            raise CLIError(f"{flag} {path}: expected a folder, got an existing file")
+        raise CLIError(f"{flag} {path}: cannot create this folder: {anc} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".jaxspec-write-test-", dir=anc))
+    except OSError as e:
+        where = "this folder" if anc == here else f"{anc}"
+        raise CLIError(f"{flag} {path}: cannot write into {where} ({e.strerror or e})") from None
+    return p
+
+
+def load_flag_model(flag: str, name: str):
+    """``load_model(name)`` for a command's flag; its errors name the flag that gave
+    ``name`` (``--draft: load_model: unknown model 'foo'; ...``)."""
+    from jaxspec.nn.checkpoint import load_model
+
+    try:
+        return load_model(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
+
+
+def resolve_scheme(scheme: str | None, tree_spec: str, dynamic: bool, default: str) -> str:
+    """The ``--scheme`` of a command with a ``--tree``: when not given, ``deterministic``
+    for a dynamic tree (the only scheme it takes) and ``default`` otherwise; an explicit
+    scheme a dynamic tree cannot use is a :class:`CLIError` naming both flags."""
+    if scheme is None:
+        return "deterministic" if dynamic else default
+    if dynamic and scheme != "deterministic":
+        raise CLIError(f"--scheme {scheme}: a dynamic tree (--tree {tree_spec}) ranks fixed candidates; "
+                       "expected --scheme deterministic (the default for dynamic trees)")
+    return scheme

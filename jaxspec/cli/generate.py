@@ -1,0 +1,471 @@
+"""``jaxspec generate``: tree speculative sampling on the embedded default pair, or on any
+pair of local model folders sharing a tokenizer: the byte-level tokenizer of the embedded
+models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
+``tokenizers`` package: the ``hf`` extra). A pair whose vocabularies differ is refused.
+
+::
+
+    jaxspec generate --prompt "def fibonacci(n):"
+    jaxspec generate --prompt "import os" --temperature 0 --tree branch:4,2,1 --scheme deterministic
+    jaxspec generate --prompt "class Foo:" --baseline          # target-only sampling
+    jaxspec generate --prompt "for i in" --json
+    jaxspec generate --prompt "def f(x):" --tree auto       # tree chosen for this device
+    jaxspec generate --prompt "def f(x):" --tree auto --retune --auto-budgets 4,8,16
+    jaxspec generate --target models/SmolLM2-360M --draft models/SmolLM2-135M --prompt "def f(x):"
+
+At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
+target); at any temperature the speculative text has exactly the law of target sampling.
+
+``--tree auto`` runs :func:`jaxspec.autotree.auto_tree` for the pair, scheme and warp
+(acceptance on held-out text, round costs timed on this device; cached under
+``$JAXSPEC_CACHE_DIR`` or ``~/.cache/jaxspec``, ``--retune`` measures again), prints the
+table and the chosen tree to stderr (and under ``"auto_tree"`` in ``--json``), then
+generates with that tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+from jaxspec.cli.common import (
+    CLIError,
+    Handler,
+    command,
+    load_flag_model,
+    positive_int,
+    resolve_scheme,
+    seed_int,
+)
+
+__all__ = ["generate_command"]
+
+DEFAULT_TREE = "chain:4"  # fastest measured on the default pair (benchmarks/decode_speed.py)
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
+DEFAULT_AUTO_MAX_DEPTH = 8
+
+# library argument names -> the flags that set them, in messages that reach the command line
+_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+          "max_new_tokens": "--max-new-tokens"}
+
+
+def _flag_words(message: str, tree: str | None = None) -> str:
+    """A library message in the command line's words: ``scheme='iid'`` -> ``--scheme iid``,
+    ``top_k`` -> ``--top-k``, a leading ``tree:`` -> ``--tree SPEC:``, no "None or"."""
+    message = re.sub(r"\bscheme\s*=\s*'(\w+)'", r"--scheme \1", message)
+    message = re.sub(r"(?<![\w-])(temperature|top_k|top_p|max_new_tokens)\b",
+                     lambda m: _FLAGS[m.group(1)], message)
+    message = message.replace("expected None or ", "expected ")
+    if tree is not None:
+        message = re.sub(r"^tree\b", lambda m: f"--tree {tree}", message)
+    return message
+
+
+def _float(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+
+
+def _int(s: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+
+
+def _budgets(s: str | None) -> tuple[int, ...] | None:
+    """``--auto-budgets`` "4,8,16" -> (4, 8, 16); None stays None (the default list)."""
+    if s is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or min(vals) < 1:
+        raise CLIError(f"--auto-budgets = {s!r}: expected comma-separated node counts >= 1, e.g. 4,8,16")
+    return vals
+
+
+class _Stream:
+    """Host callback for ``on_round``: prints row 0's new text as each round completes.
+
+    Decodes everything emitted so far and prints the part not yet printed (works for any
+    tokenizer); a trailing replacement character (an incomplete UTF-8 sequence) is held
+    back until the next round completes it.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.enabled = False
+        self.printed = ""
+
+    def __call__(self, tokens, lengths):
+        if not self.enabled:
+            return
+        import numpy as np  # callbacks receive jax Arrays: one transfer, not one per token
+
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        text = self.tokenizer.decode(tokens[0, : int(lengths[0])].tolist())
+        text = text.rstrip("\ufffd")
+        if text.startswith(self.printed):
+            sys.stdout.write(text[len(self.printed) :])
+            sys.stdout.flush()
+            self.printed = text
+
+    def finish(self, text: str) -> None:
+        rest = text[len(self.printed) :] if text.startswith(self.printed) else ""
+        sys.stdout.write(rest + "\n")
+        sys.stdout.flush()
+        self.enabled = False
+
+
+@command("generate", help="generate text with tree speculative decoding")
+def generate_command(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("--prompt", required=True, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
+    p.add_argument("--max-new-tokens", type=_int, default=128, help="token budget (default 128)")
+    p.add_argument(
+        "--temperature", type=_float, default=DEFAULT_TEMPERATURE,
+        help=f"target temperature, 0 = greedy (default {DEFAULT_TEMPERATURE})",
+    )
+    p.add_argument("--top-k", type=positive_int, default=None, help="target top-k (>= 1)")
+    p.add_argument("--top-p", type=_float, default=None, help="target top-p in (0, 1]")
+    p.add_argument(
+        "--tree", default=DEFAULT_TREE,
+        help="tree spec: 'chain:K', 'branch:3,2,1', 'parents:-1,0,0', "
+        f"'dynamic:depth=4,topk=4,nodes=16', or 'auto' (measured for this device) (default {DEFAULT_TREE})",
+    )
+    p.add_argument(
+        "--auto-budgets", default=None, metavar="N,N,...",
+        help="--tree auto: candidate node counts (default 2,4,6,8,12,16,24,32)",
+    )
+    p.add_argument("--auto-max-depth", type=_int, default=None,
+                   help=f"--tree auto: deepest level (default {DEFAULT_AUTO_MAX_DEPTH})")
+    p.add_argument("--retune", action="store_true", help="--tree auto: measure again, ignoring the cache")
+    p.add_argument(
+        "--scheme", default=None,
+        choices=("iid", "without_replacement", "deterministic"),
+        help=f"sibling scheme (default {DEFAULT_SCHEME}; dynamic trees: deterministic, the only "
+        "scheme they accept)",
+    )
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed, in [0, 2**32) (default 0)")
+    p.add_argument("--target", default="default-target", help="target model name or folder")
+    p.add_argument("--draft", default="default-draft", help="draft model name or folder")
+    p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="generate once, streaming from the start (default: a silent first call compiles, "
+                        "then a second, timed call streams; with this flag the timing includes compilation)")
+
+    def run(args: argparse.Namespace) -> int:
+        import jax
+        import numpy as np
+
+        from jaxspec.core import sampling
+        from jaxspec.core.treespec import DynamicTree, parse_tree
+        from jaxspec.decode.generate import (
+            build_ar_config,
+            build_config,
+            generate,
+            generate_autoregressive,
+        )
+        from jaxspec.nn.tokenizer import ByteTokenizer
+
+        if args.max_new_tokens < 1:
+            raise CLIError(f"--max-new-tokens = {args.max_new_tokens}: expected an integer >= 1")
+        try:
+            sampling.validate_warp_args(args.temperature, args.top_k, args.top_p)
+        except ValueError as e:
+            raise CLIError(_flag_words(str(e))) from None
+        tree = None
+        auto_spec = args.tree.strip().lower() == "auto"
+        auto = auto_spec and not args.baseline  # --baseline uses no tree
+        budgets = _budgets(args.auto_budgets)  # validated whatever the tree, then applicability
+        if args.auto_max_depth is not None and args.auto_max_depth < 1:
+            raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
+        if not auto_spec:
+            given = [f for f, v in (("--auto-budgets", args.auto_budgets), ("--auto-max-depth", args.auto_max_depth),
+                                    ("--retune", args.retune or None)) if v is not None]
+            if given:
+                raise CLIError(f"{given[0]}: applies only to --tree auto, got --tree {args.tree}")
+        args.auto_budgets = budgets
+        if args.auto_max_depth is None:
+            args.auto_max_depth = DEFAULT_AUTO_MAX_DEPTH
+        if not auto_spec:  # a malformed spec is an error in --baseline mode too
+            try:
+                tree = parse_tree(args.tree)
+            except ValueError as e:
+                raise CLIError(f"--tree: {e}") from None
+        if not args.baseline:  # --baseline uses no scheme (its JSON reports none)
+            args.scheme = resolve_scheme(args.scheme, args.tree, isinstance(tree, DynamicTree), DEFAULT_SCHEME)
+        tok = _tokenizer(args.target, "--target")
+        if not args.baseline:
+            _check_same_tokenizer(tok, _tokenizer(args.draft, "--draft"), args)
+        ids = tok.encode(args.prompt)
+        if not ids:
+            raise CLIError("--prompt: expected a non-empty prompt")
+        target = load_flag_model("--target", args.target)
+        if not isinstance(tok, ByteTokenizer) and tok.vocab_size > target.config.vocab_size:
+            raise CLIError(
+                f"--target {args.target}: its tokenizer has {tok.vocab_size} tokens but the model's "
+                f"vocab_size is {target.config.vocab_size}"
+            )
+        draft = None if args.baseline else load_flag_model("--draft", args.draft)
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise CLIError(
+                f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
+                f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
+            )
+        _check_room(args, len(ids), target, draft, None if args.baseline else tree, auto)
+        if not auto:  # the remaining checks of the library, before compiling
+            try:
+                if args.baseline:
+                    build_ar_config(target, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                else:
+                    build_config(target, draft, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
+                                 tree=tree, scheme=args.scheme, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p)
+            except ValueError as e:
+                raise CLIError(_flag_words(str(e), args.tree)) from None
+        auto_result = None
+        if auto:
+            auto_result = _auto_tree(args, target, draft, tok, len(ids))
+            tree = auto_result.parents
+        key = jax.random.key(args.seed)
+        common = dict(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p,
+        )
+        if not isinstance(tok, ByteTokenizer) and tok.eos_id is not None and tok.eos_id < target.config.vocab_size:
+            common["stop_tokens"] = (tok.eos_id,)  # real models: stop at end of text
+
+        stream = _Stream(tok)
+        common["on_round"] = stream  # the same object for both calls: one compilation
+
+        def call():
+            if args.baseline:
+                return generate_autoregressive(key, target, [ids], **common)
+            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, **common)
+
+        if not args.json:  # stdout stays pure JSON with --json
+            what = "compiling (the timing includes it)" if args.no_warmup else \
+                "compiling and warming up (first call, not timed)"
+            print(f"{what} ...", file=sys.stderr, flush=True)
+        t_first = None
+        if not args.no_warmup:
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(call())  # compiles, and runs once silently
+            t_first = time.perf_counter() - t0
+        if not args.json:
+            sys.stdout.write(args.prompt)
+            sys.stdout.flush()
+            stream.enabled = True  # the timed run streams each round as it completes
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(call())
+        t_run = time.perf_counter() - t0
+        if t_first is None:
+            t_first = t_run
+        n = int(np.asarray(out.lengths)[0])
+        new_ids = [int(t) for t in np.asarray(out.tokens)[0, :n]]
+        text = tok.decode(new_ids)
+        s = out.summary()
+        result = {
+            "text": text,
+            "prompt": args.prompt,
+            "tokens": new_ids,
+            "num_tokens": n,
+            "mode": "baseline" if args.baseline else "speculative",
+            "tree": None if args.baseline else args.tree,
+            "scheme": None if args.baseline else args.scheme,
+            "temperature": args.temperature,
+            "top_k": args.top_k,
+            "top_p": args.top_p,
+            "seed": args.seed,
+            "rounds": s["rounds"],
+            "target_calls": s["target_calls"],
+            "draft_calls": s["draft_calls"],
+            "tokens_per_target_call": s["tau"],
+            "tokens_per_second": n / t_run if t_run > 0 else None,
+            "seconds": t_run,
+            "seconds_with_compile": t_first,
+            "timing_includes_compile": bool(args.no_warmup),
+            "accept_rate_per_depth": s["accept_rate_per_depth"],
+        }
+        if auto_result is not None:
+            result["auto_tree"] = _auto_summary(auto_result)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            stream.finish(text)
+            timing = ("including compilation" if args.no_warmup
+                      else f"compiled; first call with compilation {t_first:.1f} s")
+            print(
+                f"-- {result['mode']}: {n} tokens in {s['rounds']} rounds, "
+                f"tau {s['tau']:.2f} tokens/target call, {result['tokens_per_second']:.1f} tokens/s "
+                f"({timing})",
+                file=sys.stderr,
+            )
+        return 0
+
+    return run
+
+
+def _tokenizer(name: str, flag: str):
+    """The model's tokenizer.json (HFTokenizer) if its folder has one, else the byte tokenizer."""
+    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+    from jaxspec.nn.tokenizer import ByteTokenizer
+
+    try:
+        folder = resolve_model_path(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
+    if not (folder / TOKENIZER_FILE).is_file():
+        return ByteTokenizer()
+    try:
+        return HFTokenizer.from_file(folder)
+    except (ImportError, ValueError) as e:
+        raise CLIError(f"{flag} {name}: {e}") from None
+
+
+def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
+    """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
+    context of the target (and of the draft): the KV cache holds the prompt, the new
+    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.generate.build_config`).
+    ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
+    limits = {"target": target.config.max_position_embeddings}
+    if draft is not None:
+        limits["draft"] = draft.config.max_position_embeddings
+    ctx = min(limits.values())
+    whose = " and the ".join(f"{name}'s" for name, n in limits.items() if n == ctx)
+    context = f"the {whose} context of {ctx} tokens (max_position_embeddings)"
+    if draft is None:  # --baseline: prompt + new tokens
+        reserve, tree_words = 0, ""
+    elif auto:  # the smallest candidate tree
+        from jaxspec.tuning.autotree import DEFAULT_BUDGETS
+
+        smallest = min(args.auto_budgets or DEFAULT_BUDGETS)
+        reserve, tree_words = smallest + 1, f"the smallest --tree auto candidate ({smallest} nodes + 1)"
+    else:
+        slots = tree.cache_slots
+        reserve, tree_words = slots + 1, f"--tree {args.tree} ({slots} slots + 1)"
+        if ctx - reserve < 2:  # not even a 1-token prompt and one new token fit
+            raise CLIError(
+                f"--tree {args.tree}: {slots} tree slots + 1; expected at most {ctx - 3} slots, so that the "
+                f"tree, a 1-token prompt and one new token fit {context}"
+            )
+    room = ctx - prompt_len - reserve  # the most new tokens that fit
+    if room < 1:
+        parts = "the prompt, at least one new token and " + tree_words if tree_words else \
+            "the prompt and at least one new token"
+        raise CLIError(
+            f"--prompt: {prompt_len} tokens; expected at most {prompt_len + room - 1} tokens, so that "
+            f"{parts} fit {context}"
+        )
+    if not auto and args.max_new_tokens > room:
+        parts = f", this {prompt_len}-token prompt and {tree_words}" if tree_words else \
+            f" and this {prompt_len}-token prompt"
+        raise CLIError(
+            f"--max-new-tokens = {args.max_new_tokens}: expected <= {room}, so that the new tokens{parts} "
+            f"fit {context}"
+        )
+
+
+def _check_same_tokenizer(tok, dtok, args) -> None:
+    """Refuse a draft whose tokenizer differs from the target's (ids would mean other text)."""
+    from jaxspec.nn.tokenizer import ByteTokenizer
+
+    def what(t):
+        return "the byte-level tokenizer (no tokenizer.json)" if isinstance(t, ByteTokenizer) else t.source
+
+    if isinstance(tok, ByteTokenizer) and isinstance(dtok, ByteTokenizer):
+        return
+    same = (
+        type(tok) is type(dtok)
+        and tok.vocab_size == dtok.vocab_size
+        and tok.vocab() == dtok.vocab()
+    )
+    if not same:
+        raise CLIError(
+            f"--draft {args.draft}: its vocabulary differs from the target's ({what(dtok)}, "
+            f"{dtok.vocab_size} tokens vs {what(tok)}, {tok.vocab_size} tokens); speculative decoding "
+            "needs a draft and a target that share one tokenizer"
+        )
+
+
+def _auto_tree(args, target, draft, tok, prompt_len: int):
+    """Run (or read from the cache) :func:`jaxspec.autotree.auto_tree`; report to stderr."""
+    import jax
+
+    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.tuning.autotree import DEFAULT_BUDGETS, auto_tree
+
+    ctx = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    asked = args.auto_budgets or DEFAULT_BUDGETS
+    room = ctx - prompt_len - args.max_new_tokens - 1  # generate's cache: prompt + new + N + 1
+    budgets = tuple(sorted({n for n in asked if n <= room}))
+    if not budgets:
+        most = ctx - prompt_len - 1 - min(asked)  # the most new tokens with the smallest budget
+        raise CLIError(
+            f"--tree auto: no budget in {list(asked)} fits the context of {ctx} tokens with a "
+            f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes); "
+            f"expected --max-new-tokens <= {most} for the smallest budget, {min(asked)}"
+        )
+    held_out = None
+    if not isinstance(tok, ByteTokenizer):  # held-out text in the model's own tokens
+        from jaxspec.training.corpus import load_corpus
+
+        val = load_corpus().val
+        text = bytes(val[val < 256].astype("uint8")[:400_000]).decode("utf-8", errors="replace")
+        held_out = tok.encode(text)
+    try:
+        res = auto_tree(
+            target, draft, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, budgets=budgets, max_depth=args.auto_max_depth,
+            key=jax.random.key(0),  # the tuning draws, independent of --seed: one cache entry
+            held_out_tokens=held_out, retune=args.retune, progress=True,
+        )
+    except ValueError as e:
+        raise CLIError(f"--tree auto: {_flag_words(str(e))}") from None
+    if res.from_cache:
+        how = f"cached in {res.cache_path}"
+    else:
+        how = "measured, not cached" if res.cache_path is None else f"measured, saved to {res.cache_path}"
+    print(
+        f"-- auto tree ({how}):\n{res.table()}\n-- picked {res.budget} nodes, depth {res.depth}: "
+        f"parents:{','.join(map(str, res.parents))}; predicted tau {res.predicted_tau:.2f}, "
+        f"predicted speedup {res.predicted_speedup:.2f}x over target-only",
+        file=sys.stderr,
+    )
+    if res.predicted_speedup < 1.0:
+        print("-- note: no candidate is predicted to beat target-only decoding on this device "
+              "(--baseline decodes target-only)", file=sys.stderr)
+    return res
+
+
+def _auto_summary(res) -> dict:
+    """The ``"auto_tree"`` entry of ``--json``."""
+    return {
+        "parents": list(res.parents),
+        "budget": res.budget,
+        "depth": res.depth,
+        "predicted_tau": res.predicted_tau,
+        "predicted_speedup": res.predicted_speedup,
+        "predicted_tokens_per_second": res.tokens_per_s,
+        "target_step_seconds": res.target_step_s,
+        "acceptance": list(res.acceptance),
+        "from_cache": res.from_cache,
+        "cache_path": res.cache_path,
+        "table": [
+            {"budget": r.budget, "depth": r.depth, "predicted_tau": r.predicted_tau,
+             "verify_seconds": r.verify_s, "round_seconds": r.round_s,
+             "predicted_tokens_per_second": r.tokens_per_s, "predicted_speedup": r.speedup}
+            for r in res.rows
+        ],
+    }

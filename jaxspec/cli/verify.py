@@ -1,0 +1,197 @@
+"""``jaxspec verify``: run the exactness harness (:func:`jaxspec.exactness.verify`) from
+the command line.
+
+::
+
+    jaxspec verify                                    # tiny random pair, 10^6 samples
+    jaxspec verify --tree branch:3,2 --scheme without_replacement --temperature 0.7 --top-k 3
+    jaxspec verify --mutant depth-row                 # watch the harness reject a bug
+    jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
+    jaxspec verify --samples 1e5 --json --plots plots/
+
+Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
+the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
+samples, e.g. a χ² test with every cell pooled into one, or a smallest detectable TV >= 1;
+see :attr:`jaxspec.verify_report.VerifyReport.verdict`), 2 on bad input or any other failure
+(an unwritable ``--plots`` folder, a device error): never 1 unless a test rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from jaxspec.cli.common import (
+    CLIError,
+    Handler,
+    arg_type,
+    check_output_dir,
+    command,
+    load_flag_model,
+    nonneg_float,
+    positive_int,
+    resolve_scheme,
+    seed_int,
+)
+
+__all__ = ["verify_command"]
+
+EXIT_STATUS = {"passed": 0, "rejected": 1, "inconclusive": 3}  # 2: bad input or another failure
+MAX_SAMPLES = 10**12  # --samples: days of sampling on one accelerator; int64 counts stay exact
+
+
+def _count(s: str) -> int:
+    """A positive integer up to :data:`MAX_SAMPLES`, also written like ``1e6`` or ``10**6``."""
+    too_large = argparse.ArgumentTypeError(f"expected a positive integer <= 1e12 (10**12), got {s!r}")
+    try:
+        if "**" in s:
+            a, b = (int(x) for x in s.split("**"))
+            if b < 0:
+                raise ValueError
+            if abs(a) > 1 and b > 64:  # far past the bound: do not compute a huge power
+                raise too_large
+            v = a**b
+        else:
+            f = float(s)
+            if f == math.inf:
+                raise too_large
+            if f != int(f):
+                raise ValueError
+            v = int(f)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a positive integer (e.g. 1000000 or 1e6), got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    if v > MAX_SAMPLES:
+        raise too_large
+    return v
+
+
+_probability = arg_type(float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)")
+_top_p = arg_type(float, lambda x: 0.0 < x <= 1.0, "a number in (0, 1]")
+
+
+def _parse_prompt(text: str | None, vocab_size: int):
+    """Comma-separated token ids, or text for byte-tokenizer models."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if parts and all(p.lstrip("-").isdigit() for p in parts):
+        ids = [int(p) for p in parts]
+        for i, t in enumerate(ids):
+            if not 0 <= t < vocab_size:
+                raise CLIError(f"--prompt[{i}] = {t}: expected a token id in [0, {vocab_size}) (the target's "
+                               "vocabulary)")
+        return ids
+    from jaxspec.nn.tokenizer import VOCAB_SIZE, ByteTokenizer
+
+    if vocab_size != VOCAB_SIZE:
+        raise CLIError(f"--prompt {text!r}: expected comma-separated token ids (text needs the byte tokenizer's "
+                       f"vocabulary of {VOCAB_SIZE}; the target has {vocab_size})")
+    ids = ByteTokenizer().encode(text)
+    if not ids:
+        raise CLIError("--prompt: expected at least one token")
+    return ids
+
+
+@command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)")
+def verify_command(p: argparse.ArgumentParser) -> Handler:
+    from jaxspec.core.sampling import SCHEMES
+    from jaxspec.exactness.harness import DEFAULT_SCHEME, DEFAULT_TREE
+    from jaxspec.exactness.mutants import MUTANTS
+
+    p.epilog = ("exit status: 0 PASSED (every test passed), 1 REJECTED (a test rejected), 3 INCONCLUSIVE (no test "
+                "rejected, but the run has no statistical power: a test that cannot reject whatever the samples, "
+                "e.g. a chi-square test with every cell pooled into one (dof 0), or a smallest detectable TV >= 1; "
+                "the summary says how many --samples are needed), 2 bad input or another failure")
+    sampling_default = "for --scheme iid / without_replacement, 1 for deterministic"
+
+    g = p.add_argument_group("decoder")
+    g.add_argument("--tree", default=DEFAULT_TREE,
+                   help=f"tree spec: chain:K, branch:3,2,1, parents:-1,0,0, dynamic:depth=D,topk=K,nodes=N "
+                        f"(default: {DEFAULT_TREE})")
+    g.add_argument("--scheme", choices=SCHEMES, default=None,
+                   help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
+                        "they accept)")
+    g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
+    g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
+    g.add_argument("--top-p", type=_top_p, help="target top-p")
+    g.add_argument("--draft-temperature", type=nonneg_float,
+                   help=f"draft temperature (default: the target's --temperature {sampling_default})")
+    g.add_argument("--draft-top-k", type=positive_int,
+                   help="draft top-k (default: the target's --top-k for --scheme iid / without_replacement, "
+                        "none for deterministic)")
+    g.add_argument("--draft-top-p", type=_top_p,
+                   help="draft top-p (default: the target's --top-p for --scheme iid / without_replacement, "
+                        "none for deterministic)")
+    g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
+    g = p.add_argument_group("models and prompt")
+    g.add_argument("--target", help="target model name or folder (default: the tiny random pair)")
+    g.add_argument("--draft", help="draft model name or folder (with --target)")
+    g.add_argument("--prompt", help="comma-separated token ids, or text for byte-tokenizer models "
+                                    "(default: 1,2,3)")
+    g = p.add_argument_group("statistics")
+    g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
+    g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
+    g.add_argument("--alpha", type=_probability, default=1e-3, help="family-wise error rate (default: 1e-3)")
+    g.add_argument("--seed", type=seed_int, default=0, help="sampling seed, in [0, 2**32) (default: 0)")
+    g.add_argument("--chunk-size", type=positive_int, help="rows per device per step (default: 16384 on CPU, "
+                                                            "65536 on accelerators)")
+    g.add_argument("--no-acceptance", action="store_true", help="skip the acceptance-per-depth run")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the report as JSON (instead of the summary)")
+    g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return _run(args)
+        except (OSError, RuntimeError, FloatingPointError) as e:  # exit 1 means "a test rejected"
+            raise CLIError(str(e) or type(e).__name__) from None
+
+    return run
+
+
+def _run(args: argparse.Namespace) -> int:
+    from jaxspec.core.treespec import DynamicTree, parse_tree
+    from jaxspec.exactness.harness import DEFAULT_SCHEME, MAX_CELLS, verify
+
+    if (args.target is None) != (args.draft is None):
+        raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
+    try:
+        dynamic = isinstance(parse_tree(args.tree), DynamicTree)
+    except ValueError as e:
+        raise CLIError(f"--tree: {e}") from None
+    args.scheme = resolve_scheme(args.scheme, args.tree, dynamic, DEFAULT_SCHEME)
+    if args.plots is not None:
+        check_output_dir("--plots", args.plots)  # an empty path too
+    if args.target is not None:
+        target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft)
+    else:
+        from jaxspec.exactness.harness import default_pair
+
+        target, draft = default_pair(0)
+    vocab = target.config.vocab_size
+    prompt = _parse_prompt(args.prompt, vocab)
+    h = args.horizon
+    if args.top_k is None and args.temperature != 0 and vocab > 1 and (h > 64 or vocab**h > MAX_CELLS):
+        raise CLIError(
+            f"--horizon = {h}: the target's {vocab} tokens give {vocab}**{h} joint cells, more than "
+            f"{MAX_CELLS}; pass --top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
+        )
+    try:
+        report = verify(
+            target, draft, tree=args.tree, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, draft_temperature=args.draft_temperature, draft_top_k=args.draft_top_k,
+            draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
+            num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
+            alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
+        )
+    except ValueError as e:
+        raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None
+    print(report.to_json() if args.json else report.summary())
+    if args.plots is not None:
+        for path in report.save_plots(args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return EXIT_STATUS[report.verdict]

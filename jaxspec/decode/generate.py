@@ -1,0 +1,628 @@
+"""Speculative generation (one jit-compiled ``lax.while_loop`` over rounds) and the
+target-only baseline on the same model code.
+
+::
+
+    out = jaxspec.generate(key, target, draft, [[3, 1, 4], [1, 5]], max_new_tokens=32,
+                           tree=(3, 2, 1), scheme="without_replacement", temperature=0.8)
+    out.tokens    # int32[B, 32], -1 after each row's end
+    out.lengths   # int32[B]
+    out.tau       # float32[B] tokens per target call
+
+One round is :func:`jaxspec.decode.round.speculative_round` (propose, verify, accept,
+commit, emit); this module runs it in a loop, validates the arguments and keeps the
+compiled functions.
+
+Rows end independently: at the first stop token (kept) or when ``max_new_tokens`` are
+emitted; tokens of a round past either end are dropped; a finished row emits nothing
+more (its compute continues, masked: shapes are static). Randomness: row b uses
+``fold_in(key, b)``, round r ``fold_in(row_key, r)``, split into a draft key (one
+``fold_in`` per tree row) and an acceptance key: a batch of B identical prompts is B
+independent samples.
+
+Compilation: one ``jax.jit`` per static configuration (:class:`SpecConfig` /
+:class:`ARConfig`: model graphdefs, tree, scheme, top-k/top-p, budget, cache capacity),
+kept in a module-level cache. Models travel as ``nnx.split`` state arguments; keys,
+prompts, temperatures and stop tokens are traced arguments: new keys, prompts of the same
+shape, other temperatures, other stop tokens (same count) or new weights of the same
+architecture do not retrace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.checks import is_int
+from jaxspec.core import sampling
+from jaxspec.core.sampling import Warp
+from jaxspec.core.treespec import DynamicTree, StaticTree, resolve_tree
+from jaxspec.decode.round import (
+    RoundConfig,
+    RoundParts,
+    RoundState,
+    autoregressive_step,
+    speculative_round,
+    start_emitted,
+)
+from jaxspec.nn.model import Transformer, check_transformer, prefill
+
+__all__ = [
+    "GenerateResult",
+    "SpecConfig",
+    "ARConfig",
+    "build_config",
+    "build_ar_config",
+    "generate",
+    "generate_autoregressive",
+    "run_compiled",
+    "compiled",
+    "speculative_program",
+    "autoregressive_program",
+]
+
+SCHEMES = sampling.SCHEMES
+
+
+class GenerateResult(NamedTuple):
+    """Output of :func:`generate` / :func:`generate_autoregressive` (a pytree).
+
+    tokens:             int32[B, max_new_tokens] generated tokens, -1 after ``lengths[b]``.
+    lengths:            int32[B] tokens generated per row (a stop token is included).
+    rounds:             int32[B] rounds in which the row was still active.
+    target_calls:       int32[B] target forward passes spent on the row after the prompt
+                        prefill (one verification per round; ``lengths`` when autoregressive).
+    draft_calls:        int32[B] draft forward passes after the prefill (per round: D for
+                        a static tree of depth D, depth + 1 for a DynamicTree; 0 when
+                        autoregressive).
+    tau:                float32[B] ``lengths / target_calls``: tokens per target call.
+    accepted_per_depth: int32[B, D] accepted draft nodes at depth ``d + 1`` over the row's
+                        rounds (all of a round's accepted nodes, even those cut by a stop
+                        token or the budget; so ``lengths <= sum(accepted) + target_calls``,
+                        with equality unless a round was cut).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    rounds: jax.Array
+    target_calls: jax.Array
+    draft_calls: jax.Array
+    tau: jax.Array
+    accepted_per_depth: jax.Array
+
+    def summary(self) -> dict:
+        """Batch totals as plain Python numbers (blocks on the device)."""
+        lengths = np.asarray(self.lengths)
+        tcalls = np.asarray(self.target_calls)
+        acc = np.asarray(self.accepted_per_depth)
+        rounds = np.asarray(self.rounds)
+        return {
+            "tokens": int(lengths.sum()),
+            "target_calls": int(tcalls.sum()),
+            "draft_calls": int(np.asarray(self.draft_calls).sum()),
+            "rounds": int(rounds.max(initial=0)),
+            "tau": float(lengths.sum() / max(tcalls.sum(), 1)),
+            "accept_rate_per_depth": (acc.sum(axis=0) / max(rounds.sum(), 1)).tolist(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Static configuration of one compiled speculative generation (hashable)."""
+
+    target_def: nnx.GraphDef
+    draft_def: nnx.GraphDef
+    tree: StaticTree | DynamicTree
+    scheme: str
+    target_warp: Warp
+    draft_warp: Warp
+    max_new_tokens: int
+    capacity: int
+    parts: RoundParts = RoundParts()
+    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per round
+
+    @property
+    def round_config(self) -> RoundConfig:
+        """The static description of one round of this generation."""
+        return RoundConfig(self.tree, self.scheme, self.target_warp, self.draft_warp, self.parts)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes
+
+    @property
+    def stat_depth(self) -> int:
+        """Columns of ``accepted_per_depth``."""
+        if isinstance(self.tree, StaticTree):
+            return self.tree.depth
+        return min(self.tree.depth, self.tree.num_nodes)
+
+    @property
+    def draft_calls_per_round(self) -> int:
+        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1."""
+        return self.tree.depth + (1 if isinstance(self.tree, DynamicTree) else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ARConfig:
+    """Static configuration of one compiled target-only generation (hashable)."""
+
+    target_def: nnx.GraphDef
+    warp: Warp
+    max_new_tokens: int
+    capacity: int
+    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per step
+
+
+# --------------------------------------------------------------------------- the loops
+
+
+def _row_keys(key, b: int):
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
+
+
+def _fold_all(keys, r):
+    return jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+
+
+def _start(model, tokens, lens, capacity):
+    """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root."""
+    committed = lens - 1
+    _, cache = prefill(model, tokens, committed, capacity)
+    root = jnp.take_along_axis(tokens, committed[:, None], axis=1)[:, 0]
+    return cache, root
+
+
+class _SpecLoop(NamedTuple):
+    r: jax.Array  # int32 round index
+    st: RoundState
+    rounds: jax.Array  # int32[B]
+    accepted: jax.Array  # int32[B, D]
+
+
+def speculative_program(
+    cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
+) -> GenerateResult:
+    """The function :func:`generate` compiles for ``cfg`` (un-jitted; :func:`compiled`
+    jits it): prefill both caches, then :func:`~jaxspec.decode.round.speculative_round`
+    in a ``lax.while_loop`` until every row has ended."""
+    target = nnx.merge(cfg.target_def, target_state)
+    draft = nnx.merge(cfg.draft_def, draft_state)
+    b = tokens.shape[0]
+    m = cfg.max_new_tokens
+    stat_d = cfg.stat_depth
+    round_cfg = cfg.round_config
+    tcache, root = _start(target, tokens, lens, cfg.capacity)
+    prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
+    dcache, _ = _start(draft, tokens, lens, cfg.capacity)
+    row_keys = _row_keys(key, b)
+
+    def body(lp: _SpecLoop) -> _SpecLoop:
+        was_active = lp.st.emitted.active
+        st, res = speculative_round(
+            round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.r), temperature, draft_temperature, stop_tokens
+        )
+        if cfg.on_round is not None:  # streaming: ordered host callback, once per round
+            jax.debug.callback(cfg.on_round, st.emitted.out, st.emitted.n_out, ordered=True)
+        per_depth = res.accepted_per_depth[:, :stat_d]
+        return _SpecLoop(
+            r=lp.r + 1,
+            st=st,
+            rounds=lp.rounds + was_active.astype(jnp.int32),
+            accepted=lp.accepted + jnp.where(was_active[:, None], per_depth, 0),
+        )
+
+    def cond(lp: _SpecLoop):
+        return jnp.any(lp.st.emitted.active) & (lp.r < m)
+
+    init = _SpecLoop(
+        r=jnp.int32(0),
+        st=RoundState(prev=prev, root=root, tcache=tcache, dcache=dcache, emitted=start_emitted(b, m)),
+        rounds=jnp.zeros((b,), jnp.int32),
+        accepted=jnp.zeros((b, stat_d), jnp.int32),
+    )
+    lp = jax.lax.while_loop(cond, body, init)
+    lengths = lp.st.emitted.n_out
+    return GenerateResult(
+        tokens=lp.st.emitted.out,
+        lengths=lengths,
+        rounds=lp.rounds,
+        target_calls=lp.rounds,
+        draft_calls=lp.rounds * cfg.draft_calls_per_round,
+        tau=lengths.astype(jnp.float32) / jnp.maximum(lp.rounds, 1).astype(jnp.float32),
+        accepted_per_depth=lp.accepted,
+    )
+
+
+def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
+    """The function :func:`generate_autoregressive` compiles for ``cfg`` (un-jitted):
+    prefill, then :func:`~jaxspec.decode.round.autoregressive_step` in a
+    ``lax.while_loop``."""
+    model = nnx.merge(cfg.target_def, target_state)
+    b = tokens.shape[0]
+    m = cfg.max_new_tokens
+    cache, root = _start(model, tokens, lens, cfg.capacity)
+    row_keys = _row_keys(key, b)
+
+    def body(carry):
+        r, root, cache, emitted = carry
+        root, cache, emitted = autoregressive_step(
+            model, cfg.warp, cache, root, emitted, _fold_all(row_keys, r), temperature, stop_tokens
+        )
+        if cfg.on_round is not None:
+            jax.debug.callback(cfg.on_round, emitted.out, emitted.n_out, ordered=True)
+        return r + 1, root, cache, emitted
+
+    def cond(carry):
+        return jnp.any(carry[3].active) & (carry[0] < m)
+
+    _, _, _, emitted = jax.lax.while_loop(cond, body, (jnp.int32(0), root, cache, start_emitted(b, m)))
+    lengths = emitted.n_out
+    return GenerateResult(
+        tokens=emitted.out,
+        lengths=lengths,
+        rounds=lengths,
+        target_calls=lengths,
+        draft_calls=jnp.zeros((b,), jnp.int32),
+        tau=(lengths > 0).astype(jnp.float32),
+        accepted_per_depth=jnp.zeros((b, 0), jnp.int32),
+    )
+
+
+# --------------------------------------------------------------------------- compile cache
+
+
+@functools.lru_cache(maxsize=64)
+def compiled(cfg: SpecConfig | ARConfig) -> Callable:
+    """The jitted function of a static configuration (one trace per input shape), kept in
+    a module-level cache: equal configurations share one compilation."""
+    impl = speculative_program if isinstance(cfg, SpecConfig) else autoregressive_program
+    return jax.jit(functools.partial(impl, cfg))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_on_round(on_round):
+    if on_round is not None and not callable(on_round):
+        raise ValueError(
+            f"on_round = {on_round!r}: expected None or a function f(tokens, lengths) called "
+            "once per round"
+        )
+    return on_round
+
+
+def _check_parts(parts) -> RoundParts:
+    if parts is None:
+        return RoundParts()
+    if not isinstance(parts, RoundParts):
+        raise ValueError(
+            f"parts = {parts!r}: expected None or a jaxspec.RoundParts (verify_mask, accept, commit)"
+        )
+    for name in ("verify_mask", "accept", "commit"):
+        if not callable(getattr(parts, name)):
+            raise ValueError(f"parts.{name} = {getattr(parts, name)!r}: expected a function")
+    return parts
+
+
+def _check_budget(max_new_tokens) -> int:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected an integer >= 1")
+    return int(max_new_tokens)
+
+
+def _check_prompt_length(prompt_length) -> None:
+    if not is_int(prompt_length) or prompt_length < 1:
+        raise ValueError(f"prompt_length = {prompt_length!r}: expected an integer >= 1")
+
+
+def _prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (int32[B, T] right-padded with 0, int32[B] lengths)."""
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+        arr = np.asarray(prompts)
+        if arr.ndim != 2:
+            raise ValueError(
+                f"prompts: expected int32[B, T] or a list of token lists, got an array of shape {arr.shape}"
+            )
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"prompts: expected integer token ids, got dtype {arr.dtype}")
+        if arr.shape[0] == 0 or arr.shape[1] == 0:
+            raise ValueError(f"prompts: expected at least one row of at least one token, got shape {arr.shape}")
+        bad = np.argwhere((arr < 0) | (arr >= vocab_size))
+        if bad.size:
+            i, t = (int(x) for x in bad[0])
+            raise ValueError(f"prompts[{i}][{t}] = {int(arr[i, t])}: expected a token id in [0, {vocab_size})")
+        return arr.astype(np.int32), np.full((arr.shape[0],), arr.shape[1], np.int32)
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+        if len(prompts) == 0:
+            raise ValueError("prompts: expected at least one prompt, got an empty list")
+        rows = []
+        for i, row in enumerate(prompts):
+            if is_int(row) or not isinstance(row, (Sequence, np.ndarray, jax.Array)):
+                raise ValueError(
+                    f"prompts[{i}] = {row!r}: expected a list of token ids (prompts is a list of prompts)"
+                )
+            r = np.asarray(row)
+            if r.size == 0:
+                raise ValueError(f"prompts[{i}]: empty prompt; expected at least one token")
+            if r.ndim != 1 or r.dtype.kind not in "iu":
+                raise ValueError(f"prompts[{i}]: expected a 1-D sequence of integer token ids, got {row!r}")
+            rows.append(r)
+    else:
+        raise ValueError(f"prompts: expected int32[B, T] or a list of token lists, got {type(prompts).__name__}")
+    for i, r in enumerate(rows):
+        bad = np.flatnonzero((r < 0) | (r >= vocab_size))
+        if bad.size:
+            t = int(bad[0])
+            raise ValueError(f"prompts[{i}][{t}] = {int(r[t])}: expected a token id in [0, {vocab_size})")
+    lens = np.asarray([r.shape[0] for r in rows], np.int32)
+    out = np.zeros((len(rows), int(lens.max())), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out, lens
+
+
+def _check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
+    if not is_int(stop_tokens) and hasattr(stop_tokens, "__array__"):  # numpy / jax arrays
+        arr = np.asarray(stop_tokens)
+        if arr.ndim > 1:
+            raise ValueError(f"stop_tokens: expected a token id or a 1-D sequence of them, got shape {arr.shape}")
+        stop_tokens = arr.reshape(-1).tolist()  # numpy scalars -> Python numbers (checked below)
+    if is_int(stop_tokens):
+        stop_tokens = (stop_tokens,)
+    if not isinstance(stop_tokens, Sequence) or isinstance(stop_tokens, str):  # arrays: lists above
+        raise ValueError(f"stop_tokens = {stop_tokens!r}: expected a sequence of token ids")
+    out = []
+    for i, t in enumerate(list(stop_tokens)):
+        if not is_int(t) or not 0 <= t < vocab_size:
+            raise ValueError(f"stop_tokens[{i}] = {t!r}: expected a token id in [0, {vocab_size})")
+        out.append(int(t))
+    return tuple(sorted(set(out)))
+
+
+def _warp(prefix: str, temperature, top_k, top_p) -> tuple[Warp, float]:
+    """Validated (static warp, temperature)."""
+    try:
+        sampling.validate_warp_args(temperature, top_k, top_p)
+        if isinstance(temperature, jax.core.Tracer) or isinstance(top_p, jax.core.Tracer):
+            raise ValueError("temperature/top_p: expected concrete Python numbers, got a traced value")
+    except ValueError as e:
+        raise ValueError(f"{prefix}{e}") from None
+    top_k = None if top_k is None else int(top_k)
+    top_p = None if top_p is None or float(top_p) == 1.0 else float(top_p)
+    return Warp(top_k, top_p), float(temperature)
+
+
+def _check_positions(name: str, model, needed: int, what: str) -> None:
+    limit = model.config.max_position_embeddings
+    if needed > limit:
+        raise ValueError(
+            f"{name}: {what} = {needed} exceeds max_position_embeddings = {limit}; "
+            "shorten the prompt, max_new_tokens or the tree"
+        )
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def generate(
+    key,
+    target: Transformer,
+    draft: Transformer,
+    prompts,
+    *,
+    max_new_tokens: int,
+    tree,
+    scheme: str = "without_replacement",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    on_round: Callable | None = None,
+    parts: RoundParts | None = None,
+) -> GenerateResult:
+    """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
+    the warped target alone (greedy target decoding at ``temperature=0``).
+
+    Args:
+      key: ``jax.random.key``; row b uses ``fold_in(key, b)``.
+      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
+        lengths >= 1.
+      max_new_tokens: budget per row (>= 1).
+      tree: an int k (chain of k), a per-level branching tuple such as ``(3, 2, 1)``, a
+        parents sequence starting with -1, a :class:`~jaxspec.treespec.DynamicTree`, or a
+        string for :func:`~jaxspec.treespec.parse_tree`.
+      scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
+        (dynamic trees: ``"deterministic"`` only).
+      temperature, top_k, top_p: the target law (temperature, then top-k, then top-p).
+      draft_temperature, draft_top_k, draft_top_p: the draft's proposal law. ``None``
+        inherits the target's value for the sampling schemes (``iid``,
+        ``without_replacement``); for ``deterministic`` (static or dynamic trees, whose
+        draft only *ranks* candidates) ``None`` means temperature 1 and no top-k/top-p.
+        Either way ``q`` is the law actually sampled, so the output law is unchanged.
+      stop_tokens: a row ends at its first stop token (included in the output).
+      on_round: optional host function ``f(tokens int32[B, max_new_tokens], lengths
+        int32[B])`` (numpy) called after every round, in order, for streaming output.
+        It is part of the compiled configuration: pass the same object to reuse the
+        compilation.
+      parts: the replaceable steps of a round (:class:`~jaxspec.decode.round.RoundParts`:
+        verification mask, acceptance rule, commit); ``None`` = the library's own. A
+        replaced part is the caller's claim to check, e.g. with :func:`jaxspec.verify`
+        (``parts=``).
+
+    Returns:
+      :class:`GenerateResult` (device arrays; statistics are per row).
+    """
+    check_transformer("target", target)
+    check_transformer("draft", draft)
+    key = sampling.check_key(key)
+    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    cfg, t_temp, d_temp = build_config(
+        target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
+        scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+        draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
+        on_round=on_round, parts=parts,
+    )
+    tstate = nnx.state(target)
+    dstate = nnx.state(draft)
+    return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
+
+
+def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature,
+                 draft_temperature, stop_tokens=()) -> GenerateResult:
+    """Run the compiled function of ``cfg`` on validated inputs (no checks; tests and
+    benchmarks use it to reuse a configuration, e.g. one with other :class:`RoundParts`)."""
+    return compiled(cfg)(
+        target_state, draft_state, key, jnp.asarray(tokens, jnp.int32), jnp.asarray(lens, jnp.int32),
+        jnp.float32(temperature), jnp.float32(draft_temperature), _stop_array(stop_tokens),
+    )
+
+
+def _stop_array(stop_tokens):
+    """int32[n'] stop tokens padded with -1 (never a token) to a power of two >= 1, so that
+    "no stop token" and "one stop token" share a compilation."""
+    stop = np.asarray(stop_tokens, np.int32).reshape(-1)
+    size = 1 if stop.size <= 1 else 1 << (stop.size - 1).bit_length()
+    return jnp.asarray(np.concatenate([stop, np.full(size - stop.size, -1, np.int32)]))
+
+
+def generate_autoregressive(
+    key,
+    target: Transformer,
+    prompts,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_tokens: Sequence[int] = (),
+    on_round: Callable | None = None,
+) -> GenerateResult:
+    """Target-only sampling (the baseline), same model code and output format as
+    :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
+    with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
+    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``on_round`` as
+    in :func:`generate` (called after every token)."""
+    check_transformer("target", target)
+    key = sampling.check_key(key)
+    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    cfg, temp = build_ar_config(
+        target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, on_round=on_round,
+    )
+    return compiled(cfg)(
+        nnx.state(target), key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
+    )
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def build_config(
+    target: Transformer,
+    draft: Transformer,
+    *,
+    prompt_length: int,
+    max_new_tokens: int,
+    tree,
+    scheme: str = "without_replacement",
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    on_round: Callable | None = None,
+    parts: RoundParts | None = None,
+) -> tuple[SpecConfig, float, float]:
+    """The static configuration :func:`generate` compiles for prompts padded to
+    ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
+    argument). The one place where generation settings become a :class:`SpecConfig`:
+    :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
+    call it, so the harness tests exactly what ``generate`` runs.
+
+    Arguments as in :func:`generate`. Returns ``(config, temperature, draft_temperature)``:
+    the temperatures (the draft's resolved by :func:`jaxspec.sampling.draft_warp_args`) are
+    traced arguments of the compiled function, not part of the configuration, so that new
+    temperatures do not recompile. Equal arguments give equal (hashable) configurations::
+
+        cfg, t, dt = build_config(target, draft, prompt_length=3, max_new_tokens=8, tree=3)
+        cfg.capacity      # 15 cache slots: 3 prompt + 8 new + 3 tree nodes + 1
+        cfg == build_config(target, draft, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
+    """
+    check_transformer("target", target)
+    check_transformer("draft", draft)
+    _check_prompt_length(prompt_length)
+    v = target.config.vocab_size
+    if draft.config.vocab_size != v:
+        raise ValueError(
+            f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
+        )
+    m = _check_budget(max_new_tokens)
+    sampling.check_scheme(scheme)
+    spec = resolve_tree(tree)
+    if isinstance(spec, DynamicTree):
+        if scheme != "deterministic":
+            raise ValueError(
+                f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
+                "scheme='deterministic'"
+            )
+        if spec.topk > v:
+            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
+    elif scheme != "iid" and spec.max_siblings > v:
+        raise ValueError(
+            f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v} distinct "
+            f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
+        )
+    target_warp, t_temp = _warp("", temperature, top_k, top_p)
+    draft_warp, d_temp = _warp(
+        "draft_",
+        *sampling.draft_warp_args(
+            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+        ),
+    )
+    capacity = int(prompt_length) + m + spec.cache_slots + 1
+    for name, model in (("target", target), ("draft", draft)):
+        _check_positions(
+            name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
+        )
+    tdef = nnx.graphdef(target)
+    ddef = nnx.graphdef(draft)
+    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
+                     parts=_check_parts(parts), on_round=_check_on_round(on_round))
+    return cfg, t_temp, d_temp
+
+
+def build_ar_config(
+    target: Transformer,
+    *,
+    prompt_length: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    on_round: Callable | None = None,
+) -> tuple[ARConfig, float]:
+    """The static configuration :func:`generate_autoregressive` compiles for prompts padded
+    to ``prompt_length`` tokens, with its arguments validated; ``(config, temperature)``
+    (see :func:`build_config`)."""
+    check_transformer("target", target)
+    _check_prompt_length(prompt_length)
+    m = _check_budget(max_new_tokens)
+    warp, temp = _warp("", temperature, top_k, top_p)
+    capacity = int(prompt_length) + m
+    _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
+    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=_check_on_round(on_round)), temp

@@ -1,0 +1,270 @@
+"""One speculative round, top to bottom, and the target-only step beside it.
+
+:func:`speculative_round` is the only place a round is wired: :func:`jaxspec.generate`'s
+loop, :func:`jaxspec.auto_tree`'s timing and the exactness harness all call it. For row b
+(``L`` committed tokens in both caches; the root, the last emitted token, not yet cached;
+slot layout in :mod:`jaxspec.decode.draft`)::
+
+    propose: the draft drafts N nodes (static tree: D forwards)     slots L-1 .. L+N
+    verify:  ONE target forward over [root] + nodes under the tree mask,
+             positions L + depth; row 0 = law after the root, row i+1 = law after node i
+    accept:  the acceptance rule, vmapped over rows -> accepted path + 1 extra token
+    commit:  both caches keep [root] + the accepted path (accepted + 1 tokens)
+    emit:    the accepted tokens and the extra token are appended to each active row's
+             output (stop tokens and the budget honoured); the extra token is the new root
+
+The three replaceable steps form :class:`RoundParts`; its defaults are the library's own.
+A researcher replaces one to try an idea, and :mod:`jaxspec.exactness.mutants` replaces
+one to break the decoder on purpose::
+
+    import jax.numpy as jnp
+    from jaxspec.decode.round import RoundParts
+
+    def causal(mask):  # a plain causal triangle over the flattened tree: siblings leak
+        return jnp.broadcast_to(jnp.tril(jnp.ones(mask.shape[-2:], bool)), mask.shape)
+
+    parts = RoundParts(verify_mask=causal)   # generate(..., parts=parts) / verify(parts=...)
+
+Each step runs under a :func:`jax.named_scope` (``propose``, ``verify``, ``accept``,
+``commit``, ``emit``), so a profile reads like this docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.core import sampling
+from jaxspec.core.acceptance import AcceptResult, accept_core
+from jaxspec.core.sampling import Warp
+from jaxspec.core.treespec import DynamicTree, StaticTree
+from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.nn.cache import KVCache, commit
+from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+
+__all__ = [
+    "RoundParts",
+    "RoundConfig",
+    "RoundState",
+    "Emitted",
+    "tree_verify_mask",
+    "commit_path",
+    "emit_tokens",
+    "start_emitted",
+    "speculative_round",
+    "autoregressive_step",
+]
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def tree_verify_mask(full_mask):
+    """The library's verification mask: ``bool[..., N + 1, N + 1]`` ancestor-or-self over
+    ``[root] + nodes``, used as given (a node sees its ancestors and itself, never a
+    sibling branch)."""
+    return full_mask
+
+
+def commit_path(cache: KVCache, accepted_nodes, num) -> KVCache:
+    """The library's commit: keep the root and the accepted path.
+
+    ``accepted_nodes int32[B, N]`` (node indices along the path, -1 padded) and ``num
+    int32[B]`` (accepted + 1, 0 for a finished row): slots ``L + [0] + (accepted_nodes +
+    1)`` move to ``L .. L + num - 1``, and ``lengths += num``. So the next round writes
+    its root, the emitted token, at slot ``L + num``.
+    """
+    b = accepted_nodes.shape[0]
+    offsets = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), accepted_nodes + 1], axis=1)  # [B, N + 1]
+    return commit(cache, offsets, num)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundParts:
+    """The replaceable steps of :func:`speculative_round` (hashable; part of the compiled
+    configuration, so pass the same functions to reuse a compilation).
+
+    verify_mask: ``bool[..., N + 1, N + 1] -> bool[..., N + 1, N + 1]``: given the
+                 ancestor-or-self mask over ``[root] + nodes`` (``[B, ...]`` for dynamic
+                 trees), the mask the target's verification forward uses.
+    accept:      ``(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
+                 draft_probs float32[N + 1, V], scheme) -> AcceptResult`` for one row,
+                 with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
+                 checks; vmapped over rows).
+    commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
+                 the target and the draft cache: which slots are kept, and so where the
+                 next round's root is written.
+    """
+
+    verify_mask: Callable = tree_verify_mask
+    accept: Callable = accept_core
+    commit: Callable = commit_path
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundConfig:
+    """The static description of a round (hashable): the tree, the sibling scheme, the
+    static halves of the target's and the draft's warps, and the parts."""
+
+    tree: StaticTree | DynamicTree
+    scheme: str
+    target_warp: Warp
+    draft_warp: Warp
+    parts: RoundParts = RoundParts()
+
+
+# --------------------------------------------------------------------------- emission
+
+
+class Emitted(NamedTuple):
+    """Tokens emitted so far (a pytree of the loop state)."""
+
+    out: jax.Array  # int32[B, M], -1 where nothing was emitted yet
+    n_out: jax.Array  # int32[B]
+    active: jax.Array  # bool[B]: False once the row hit a stop token or its budget
+
+
+def start_emitted(batch: int, budget: int) -> Emitted:
+    """Nothing emitted yet, every row active, room for ``budget`` tokens per row."""
+    return Emitted(
+        jnp.full((batch, budget), -1, jnp.int32), jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), jnp.bool_)
+    )
+
+
+def emit_tokens(state: Emitted, toks, num, stop_tokens) -> Emitted:
+    """Append ``toks[b, :num[b]]`` (``int32[B, K]``) to the active rows; a row ends at its
+    first stop token (``int32[n]``, -1 padded; kept in the output) or when its ``M`` slots
+    are full, and the tokens of the round after either end are dropped."""
+    b, k = toks.shape
+    m = state.out.shape[1]
+    idx = jnp.arange(k, dtype=jnp.int32)[None, :]  # [1, K]
+    valid = state.active[:, None] & (idx < num[:, None]) & (state.n_out[:, None] + idx < m)
+    is_stop = jnp.isin(toks, stop_tokens) & valid
+    stop_before = (jnp.cumsum(is_stop, axis=1) - is_stop) > 0
+    valid = valid & ~stop_before
+    hit_stop = jnp.any(is_stop & valid, axis=1)
+    count = jnp.sum(valid, axis=1, dtype=jnp.int32)
+    dst = jnp.where(valid, state.n_out[:, None] + idx, m)  # m: out of range, dropped
+    out = state.out.at[jnp.arange(b)[:, None], dst].set(toks, mode="drop")
+    n_out = state.n_out + count
+    active = state.active & ~hit_stop & (n_out < m)
+    return Emitted(out, n_out, active)
+
+
+# --------------------------------------------------------------------------- the round
+
+
+class RoundState(NamedTuple):
+    """What a round reads and returns (a pytree; the loop carries it)."""
+
+    prev: jax.Array  # int32[B] the last committed token (cache slot L - 1)
+    root: jax.Array  # int32[B] the last emitted token (not yet cached)
+    tcache: KVCache  # target cache, lengths = L
+    dcache: KVCache  # draft cache, lengths = L
+    emitted: Emitted
+
+
+def speculative_round(
+    cfg: RoundConfig, target, draft, state: RoundState, keys, temperature, draft_temperature, stop_tokens
+) -> tuple[RoundState, AcceptResult]:
+    """One round for every row: propose, verify, accept, commit, emit.
+
+    Args:
+      cfg: the static :class:`RoundConfig`.
+      target, draft: the models (:class:`~jaxspec.nn.model.Transformer`).
+      state: the :class:`RoundState`; finished rows (``state.emitted.active`` False) run
+        the same computation (static shapes) but commit and emit nothing.
+      keys: ``[B]`` keys of this round, one per row; each is split into a draft key (one
+        ``fold_in`` per tree row) and an acceptance key.
+      temperature, draft_temperature: traced float32 scalars.
+      stop_tokens: ``int32[n]`` (-1 padded).
+
+    Returns:
+      the next :class:`RoundState` and the batched :class:`~jaxspec.AcceptResult`
+      (``tokens int32[B, N + 1]``, ``num_tokens int32[B]``, ...) of the round.
+    """
+    parts = cfg.parts
+    tree = cfg.tree
+    b = state.root.shape[0]
+    n = tree.num_nodes
+    split = jax.vmap(jax.random.split)(keys)  # [B, 2]
+    k_draft, k_acc = split[:, 0], split[:, 1]
+    lengths = state.tcache.lengths  # [B] (== state.dcache.lengths)
+    dynamic = isinstance(tree, DynamicTree)
+
+    with jax.named_scope("propose"):
+        if dynamic:
+            node_tokens, parents, full_mask, dcache = propose_dynamic(  # full_mask [B, N + 1, N + 1]
+                draft, state.dcache, state.root, tree, cfg.draft_warp, draft_temperature
+            )
+            depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
+            # fixed candidates: the rule reads no draft row (deterministic scheme)
+            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)
+        else:
+            node_tokens, draft_probs, dcache = propose_static(
+                draft, state.dcache, state.prev, state.root, k_draft, tree, cfg.scheme, cfg.draft_warp,
+                draft_temperature,
+            )
+            parents = tree.parents_array  # numpy: a compile-time constant
+            full_mask = tree.full_mask
+            depth_full = jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]  # [1, N + 1]
+
+    with jax.named_scope("verify"):
+        mask = tree_cache_mask(lengths, parts.verify_mask(full_mask), state.tcache.capacity)  # [B, N + 1, S]
+        seq = jnp.concatenate([state.root[:, None], node_tokens], axis=1)  # [B, N + 1]
+        logits, tcache = target(seq, lengths[:, None] + depth_full, state.tcache, mask)
+        target_probs = cfg.target_warp(logits, temperature)  # [B, N + 1, V]
+
+    with jax.named_scope("accept"):
+        def accept_row(k, par, toks, tp, dp):
+            return parts.accept(k, par, toks, tp, dp, cfg.scheme)
+
+        res = jax.vmap(accept_row, in_axes=(0, 0 if dynamic else None, 0, 0, 0))(
+            k_acc, parents, node_tokens, target_probs, draft_probs
+        )
+
+    was_active = state.emitted.active
+    with jax.named_scope("commit"):
+        num = jnp.where(was_active, res.num_tokens, 0)
+        tcache = parts.commit(tcache, res.accepted_nodes, num)
+        dcache = parts.commit(dcache, res.accepted_nodes, num)
+
+    with jax.named_scope("emit"):
+        emitted = emit_tokens(state.emitted, res.tokens, res.num_tokens, stop_tokens)
+        extra = jnp.take_along_axis(res.tokens, (res.num_tokens - 1)[:, None], axis=1)[:, 0]
+        last_acc = jnp.take_along_axis(res.tokens, jnp.maximum(res.num_accepted - 1, 0)[:, None], axis=1)[:, 0]
+        prev = jnp.where(res.num_accepted > 0, last_acc, state.root)  # the new last committed token
+        nxt = RoundState(
+            prev=jnp.where(was_active, prev, state.prev),
+            root=jnp.where(was_active, extra, state.root),
+            tcache=tcache,
+            dcache=dcache,
+            emitted=emitted,
+        )
+    return nxt, res
+
+
+def autoregressive_step(
+    target, warp: Warp, cache: KVCache, root, emitted: Emitted, keys, temperature, stop_tokens
+) -> tuple[jax.Array, KVCache, Emitted]:
+    """One target-only step for every row: forward the root (``int32[B]``) at slot ``L``,
+    warp, draw one token per row (``keys [B]``), emit it; active rows commit the root.
+    Returns ``(next root int32[B], cache, emitted)``."""
+    b = root.shape[0]
+    lengths = cache.lengths
+    with jax.named_scope("verify"):
+        mask = causal_cache_mask(lengths, 1, cache.capacity)  # [B, 1, S]
+        logits, cache = target(root[:, None], lengths[:, None], cache, mask)
+        probs = warp(logits[:, 0], temperature)  # [B, V]
+    with jax.named_scope("accept"):
+        tok = jax.vmap(sampling.sample_categorical)(keys, probs)  # [B]
+    was_active = emitted.active
+    with jax.named_scope("commit"):
+        cache = cache.replace(lengths=lengths + was_active.astype(jnp.int32))
+    with jax.named_scope("emit"):
+        emitted = emit_tokens(emitted, tok[:, None], jnp.ones((b,), jnp.int32), stop_tokens)
+    return jnp.where(was_active, tok, root), cache, emitted

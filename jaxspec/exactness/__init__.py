@@ -1,0 +1,27 @@
+"""The exactness harness: does a decoder configuration reproduce the target's law?
+
+:func:`verify` (:mod:`~jaxspec.exactness.harness`) samples the real decoder and tests it
+against the exact law (:mod:`~jaxspec.exactness.exact_laws`), counted in streamed chunks
+(:mod:`~jaxspec.exactness.sample_counts`), with the statistics of
+:mod:`~jaxspec.exactness.stats`, reported by :class:`VerifyReport`
+(:mod:`~jaxspec.exactness.report`); :mod:`~jaxspec.exactness.mutants` are decoders broken on
+purpose, to show the harness rejects them.
+
+The package is ``jaxspec.exactness``, not ``jaxspec.verify``: ``jaxspec.verify`` is the
+function.
+"""
+
+from jaxspec.exactness.exact_laws import ExactLaw, exact_law, expected_acceptance
+from jaxspec.exactness.harness import (
+    DEFAULT_PROMPT,
+    DEFAULT_SCHEME,
+    DEFAULT_TREE,
+    default_pair,
+    verify,
+)
+from jaxspec.exactness.report import TestResult, VerifyReport
+
+__all__ = [
+    "DEFAULT_PROMPT", "DEFAULT_SCHEME", "DEFAULT_TREE", "ExactLaw", "TestResult", "VerifyReport", "default_pair",
+    "exact_law", "expected_acceptance", "verify",
+]

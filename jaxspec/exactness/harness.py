@@ -1,0 +1,488 @@
+"""Exactness verification as a product: does *this* decoder configuration reproduce the
+target's law? (docs/DESIGN.md §4.)
+
+:func:`verify` runs the real decoder (:func:`jaxspec.generate`) on ``S`` copies of one
+prompt (a batch of identical prompts is a batch of independent samples), keeps the first
+``L`` emitted tokens, and tests them against the **exact** law, enumerated from the
+target's own :func:`~jaxspec.model.forward_logits` and :func:`~jaxspec.sampling.warp_probs`
+over the prefix tree of depth ``L`` of the target's support::
+
+    report = verify(tree="branch:2,2", scheme="iid", num_samples=10**6)
+    report.passed                 # every test above its Bonferroni threshold
+    print(report.summary())       # the tests, TV bound, smallest detectable TV, acceptance
+    report.save_plots("plots/")   # marginals.png, joint.png, acceptance.png
+    report.to_json()
+
+Tests (all fixed before any sample is drawn; family-wise ``alpha`` split by Bonferroni):
+
+* χ² goodness of fit of the joint law of the ``L`` tokens, and of each position's
+  marginal, against the exact law;
+* two-sample χ² of the speculative counts against target-only sampling
+  (:func:`~jaxspec.generate_autoregressive`, same sample count), and the target-only
+  counts against the exact law (a control on the enumeration itself);
+* acceptance per depth of the *first* round (a separate one-round run): exact binomial
+  tests of the number of rows with an accepted node at depth ``d`` against its exact
+  expectation, enumerated over every draft draw of the tree from the models' rows
+  (static trees; skipped, with a note, for dynamic trees or when too many draws).
+
+Plus the total-variation distance to the exact law with a ``1 - alpha`` upper confidence
+bound and the smallest TV the joint test could have detected
+(:func:`~jaxspec.stats.min_detectable_tv`, power 0.9).
+
+Power (fixed before any sample is drawn, never tuned on outcomes): a χ² test whose law has
+more than one cell but whose cells were all pooled into one (dof 0: p = 1 whatever the
+samples), a binomial test whose most extreme outcome cannot reach its threshold, or a
+smallest detectable TV >= 1 (TV never exceeds 1) makes the report ``"inconclusive"``
+instead of ``"passed"`` (:attr:`VerifyReport.verdict`); ``samples_needed`` says how many
+samples these rules need.
+
+Cells: token sequences of positive exact probability (``V**L`` of them at most, only
+``top_k**L`` under a top-k), plus one "outside the support" cell whose observations are a
+certain rejection. More than :data:`MAX_CELLS` cells is refused: pass a ``top_k``.
+
+Modules: the exact reference values come from :mod:`jaxspec.exact_laws`, the sample
+counts from :mod:`jaxspec.sample_counts`, the report (text, JSON, plots) is
+:mod:`jaxspec.verify_report`; every public name is importable from here too.
+
+Sampling, streaming and sharding. Samples come in *blocks* of ``chunk_size`` rows; block
+``g`` of run ``r`` (speculative, target-only, first round) uses the key
+``fold_in(fold_in(key(seed), r), g)``. Each step runs one block per device under
+``shard_map`` over a 1-D mesh ``("chains",)`` of all visible devices; every block is reduced
+on its device to integer counts (joint cells, per-position tokens, accepted nodes per
+depth) and ``psum``-ed, so host memory is flat in ``S`` and a block's computation has the
+same shapes on any number of devices: the counts are a function of ``(seed, chunk_size)``
+only, identical on 1 and on 8 devices (idle devices of the last step get empty blocks).
+Rows past ``S`` in the last block are masked out.
+
+Multi-host (e.g. a TPU pod slice or several GPU hosts): start every process with::
+
+    import jax
+    jax.distributed.initialize()      # coordinator/process ids from the environment
+    from jaxspec.exactness.harness import verify
+    report = verify(target, draft, num_samples=10**9, chunk_size=1 << 16)
+    if jax.process_index() == 0:
+        print(report.summary())
+
+Every process must call :func:`verify` with the same arguments and the same model weights.
+The mesh then spans ``jax.devices()`` (all hosts); block indices and replicated inputs
+are built with ``jax.make_array_from_callback``; the ``psum``-ed counts are fully
+replicated, so every process reads the same report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from scipy import stats as _scipy_stats
+
+from jaxspec.checks import is_int
+from jaxspec.core.treespec import DynamicTree
+from jaxspec.decode import generate as gen
+from jaxspec.decode.round import RoundParts
+from jaxspec.exactness import mutants as _mutants
+from jaxspec.exactness import stats
+from jaxspec.exactness.exact_laws import (
+    MAX_ACCEPT_TERMS,
+    MAX_CELLS,
+    ExactLaw,
+    exact_law,
+    expected_acceptance,
+)
+from jaxspec.exactness.report import MAX_MIN_DETECTABLE_TV, TestResult, VerifyReport
+from jaxspec.exactness.sample_counts import count_samples
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import Transformer, init_model
+
+__all__ = [
+    "MAX_CELLS",
+    "DEFAULT_TREE",
+    "DEFAULT_SCHEME",
+    "DEFAULT_PROMPT",
+    "TestResult",
+    "VerifyReport",
+    "verify",
+    "default_pair",
+    "exact_law",
+    "expected_acceptance",
+    # also re-exported from the modules verify is built from
+    "MAX_ACCEPT_TERMS",
+    "ExactLaw",
+]
+
+#: the default configuration: two siblings per node and two levels, so that every mutant
+#: of :mod:`jaxspec.mutants` has something to break
+DEFAULT_TREE = "branch:2,2"
+DEFAULT_SCHEME = "iid"
+DEFAULT_PROMPT = (1, 2, 3)
+
+
+# --------------------------------------------------------------------------- default pair
+
+
+def default_pair(seed: int = 0, *, vocab_size: int = 4, hidden_size: int = 16, head_scale: float = 4.0,
+                 mix: float = 0.5) -> tuple[Transformer, Transformer]:
+    """Tiny random ``(target, draft)`` with a small vocabulary (exact laws enumerable).
+
+    One layer, two heads. The LM heads are scaled by ``head_scale`` so that next-token laws
+    are sharp and depend on the context; the draft's parameters are
+    ``(1 - mix) * target + mix * other`` for an independent ``other``, so acceptance is
+    neither ~0 nor ~1.
+    """
+    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, rope_theta=10.0,
+                      max_position_embeddings=64)
+
+    def make(key):
+        m = init_model(cfg, key)
+        m.lm_head.kernel[...] = m.lm_head.kernel[...] * head_scale
+        return m
+
+    target = make(jax.random.key(seed))
+    other = make(jax.random.key(seed + 1000))
+    gdef, t_state = nnx.split(target)
+    _, o_state = nnx.split(other)
+    draft = nnx.merge(gdef, jax.tree.map(lambda a, b: (1.0 - mix) * a + mix * b, t_state, o_state))
+    return target, draft
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """The compiled configurations of one verification and its validated warps."""
+
+    spec_cfg: gen.SpecConfig
+    first_cfg: gen.SpecConfig  # the same, with a budget of one token: one round
+    ar_cfg: gen.ARConfig
+    temperature: float
+    draft_temperature: float
+    target_warp: dict
+    draft_warp: dict
+
+
+def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
+           draft_temperature, draft_top_k, draft_top_p) -> _Setup:
+    """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
+    first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
+    ``prompt``: built, and validated, by their own :func:`jaxspec.generate.build_config`
+    and :func:`~jaxspec.generate.build_ar_config`."""
+    settings = dict(tree=tree, scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+                    draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
+    t = len(prompt)
+    spec_cfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
+    first_cfg, _, _ = gen.build_config(target, draft, prompt_length=t, max_new_tokens=1, **settings)
+    ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, temperature=temperature,
+                                     top_k=top_k, top_p=top_p)
+    t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
+    return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
+                  dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p),
+                  dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p))
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _check_count(name, x, minimum=1):
+    if not is_int(x) or x < minimum:
+        raise ValueError(f"{name} = {x!r}: expected an integer >= {minimum}")
+    return int(x)
+
+
+def _check_prompt(prompt, v: int) -> tuple[int, ...]:
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)):
+        raise ValueError(f"prompt = {prompt!r}: expected a sequence of token ids")
+    out = tuple(prompt)
+    if not out:
+        raise ValueError("prompt: expected at least one token, got an empty prompt")
+    for i, t in enumerate(out):
+        if not is_int(t) or not 0 <= t < v:
+            raise ValueError(f"prompt[{i}] = {t!r}: expected a token id in [0, {v})")
+    return tuple(int(t) for t in out)
+
+
+def _relabel(label: str, names) -> str:
+    """A stats cell label ("12", "12(p=0)", "pooled(5)") with the index replaced by its name."""
+    m = re.fullmatch(r"(\d+)(.*)", label)
+    return names[int(m.group(1))] + m.group(2) if m else label
+
+
+def _pooled_away(dof: int, cells: int) -> str:
+    """The ``no_power`` note of a χ² test of a law of ``cells`` positive cells: non-empty when
+    pooling left one cell (dof 0) of several. One cell of one (greedy) is not pooling away:
+    any sample outside it is a certain rejection."""
+    if dof == 0 and cells > 1:
+        return f"dof 0: its {cells} cells pooled into one (too few samples per cell), p = 1 whatever the samples"
+    return ""
+
+
+def _binomial_min_pvalue(n: int, e: float) -> float:
+    """The smallest p-value of the two-sided exact binomial test of ``Binomial(n, e)`` over
+    every outcome: that of an extreme (0 or ``n``; the law is unimodal)."""
+    return min(float(_scipy_stats.binomtest(k, n, e).pvalue) for k in (0, n))
+
+
+def _gof_samples(probs) -> int:
+    """The fewest samples for which the χ² pooling of ``probs`` leaves at least two cells
+    (dof >= 1); 1 for a law of one cell."""
+    p = np.asarray(probs, np.float64)
+    p = p[p > 0]
+    if p.size < 2:
+        return 1
+    q = np.sort(p)[::-1]
+    # two dense cells, or one dense cell and a dense pool of the others
+    m = max(float(q[1]), min(float(q[0]), float(q[1:].sum())))
+    if m * 2**53 <= stats.MIN_EXPECTED:  # a sliver of mass off one cell: a lower bound is enough
+        return 2**53
+    n = max(1, math.ceil(stats.MIN_EXPECTED / m))
+    while len(stats.pool_cells(n * p, stats.MIN_EXPECTED)[0]) < 2:
+        n += 1
+    return n
+
+
+def _binomial_samples(e: float, threshold: float) -> int:
+    """The fewest samples whose most extreme outcome rejects ``Binomial(n, e)`` at ``threshold``."""
+    m = min(e, 1.0 - e)
+    n = 1 if m <= 0.0 else max(1, math.floor(math.log(threshold) / math.log(m)))
+    while n > 1 and _binomial_min_pvalue(n - 1, e) <= threshold:
+        n -= 1
+    while _binomial_min_pvalue(n, e) > threshold:
+        n += 1
+    return n
+
+
+def _tv_samples(n: int, mdt: float, bound: float) -> int:
+    """The fewest samples whose smallest detectable TV is below ``bound``, from its value
+    ``mdt`` at ``n`` samples (it scales as ``1 / sqrt(n)``)."""
+    return max(1, math.floor(n * (mdt / bound) ** 2) + 1)
+
+
+def _default_chunk(devices) -> int:
+    return 1 << 14 if devices[0].platform == "cpu" else 1 << 16
+
+
+def verify(
+    target: Transformer | None = None,
+    draft: Transformer | None = None,
+    *,
+    tree=DEFAULT_TREE,
+    scheme: str = DEFAULT_SCHEME,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    prompt: Sequence[int] | None = None,
+    horizon: int = 3,
+    num_samples: int = 10**6,
+    chunk_size: int | None = None,
+    seed: int = 0,
+    mutant: str | None = None,
+    parts: RoundParts | None = None,
+    alpha: float = 1e-3,
+    check_acceptance: bool = True,
+    devices: Sequence | None = None,
+    progress: bool = True,
+) -> VerifyReport:
+    """Test that speculative decoding with this configuration samples the target's law.
+
+    Args:
+      target, draft: the model pair (both or neither; default :func:`default_pair`).
+      tree, scheme, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`.
+      prompt: token ids (default :data:`DEFAULT_PROMPT`).
+      horizon: ``L``, the number of emitted tokens whose joint law is tested.
+      num_samples: ``S`` samples for each run (speculative, target-only, first round).
+      chunk_size: rows per block, i.e. per device per step (default 2^14 on CPU, 2^16
+        on accelerators; at most ``S``); memory grows with it, never with ``S``. The counts
+        depend on ``seed`` and ``chunk_size``, not on the number of devices.
+      seed: sampling seed (the default models are fixed).
+      mutant: a name in :data:`jaxspec.mutants.MUTANTS`: run a deliberately broken decoder.
+      parts: a round with replaced steps (:class:`~jaxspec.decode.round.RoundParts`, as in
+        :func:`jaxspec.generate`): test your own verification mask, acceptance rule or
+        commit. The acceptance test compares with the token-level rule's exact
+        expectation; pass ``check_acceptance=False`` for a rule meant to accept differently.
+      alpha: family-wise error rate, split over the tests by Bonferroni.
+      check_acceptance: also run one-round decoding and test acceptance per depth.
+      devices: devices of the 1-D mesh (default ``jax.devices()``).
+      progress: tqdm progress bars on stderr.
+
+    Raises:
+      ValueError: bad input (named), or a law with more than :data:`MAX_CELLS` cells.
+    """
+    t_start = time.perf_counter()
+    if (target is None) != (draft is None):
+        raise ValueError("target/draft: pass both models, or neither for the default pair")
+    if target is None:
+        target, draft = default_pair(0)
+    v = target.config.vocab_size
+    horizon = _check_count("horizon", horizon)
+    num_samples = _check_count("num_samples", num_samples)
+    seed = _check_count("seed", seed, minimum=0)
+    stats.check_alpha(alpha, "alpha")
+    if mutant is not None:
+        _mutants.check_mutant(mutant)
+        if parts is not None:
+            raise ValueError("mutant/parts: pass one of them (a mutant is a RoundParts of its own)")
+        parts = _mutants.round_parts(mutant)
+    prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
+    setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
+                   draft_temperature, draft_top_k, draft_top_p)
+    if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
+        raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
+                         "pass a top_k so that top_k**horizon cells are countable")
+    devices = tuple(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("devices: expected at least one device")
+    chunk = _default_chunk(devices) if chunk_size is None else _check_count("chunk_size", chunk_size)
+    chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
+
+    spec_cfg, first_cfg, impl = setup.spec_cfg, setup.first_cfg, gen.speculative_program
+    if parts is not None:
+        if not isinstance(parts, RoundParts):
+            raise ValueError(f"parts = {parts!r}: expected None or a jaxspec.RoundParts")
+        spec_cfg = dataclasses.replace(spec_cfg, parts=parts)
+        first_cfg = dataclasses.replace(first_cfg, parts=parts)
+
+    timings = {}
+    t0 = time.perf_counter()
+    law = exact_law(target, prompt, horizon, **setup.target_warp)
+    levels = tuple((jnp.asarray(p), jnp.asarray(t)) for p, t in law.levels)
+    timings["exact_law_s"] = time.perf_counter() - t0
+
+    # the exact expectations, hence the set of tests, are fixed before any sample is drawn
+    acc_exp, acc_note = None, ""
+    if check_acceptance and isinstance(setup.spec_cfg.tree, DynamicTree):
+        acc_note = "acceptance expectation not enumerated for dynamic trees (observed only)"
+    elif check_acceptance:
+        t0 = time.perf_counter()
+        try:
+            acc_exp = expected_acceptance(target, draft, prompt, setup.spec_cfg.tree, scheme, setup.target_warp,
+                                          setup.draft_warp)
+        except ValueError as e:
+            acc_note = f"acceptance expectation not enumerated: {e}"
+        timings["expected_acceptance_s"] = time.perf_counter() - t0
+
+    states = (nnx.split(target)[1], nnx.split(draft)[1])
+    temps = (setup.temperature, setup.draft_temperature)
+    base = jax.random.key(seed)
+    common = dict(prompt=prompt, horizon=horizon, vocab=v, levels=levels, num_samples=num_samples,
+                  chunk=chunk, devices=devices, progress=progress)
+
+    spec, timings["speculative"] = count_samples("spec", spec_cfg, impl, states, temps,
+                                                 jax.random.fold_in(base, 0), desc="speculative", **common)
+    ar, timings["target_only"] = count_samples("ar", setup.ar_cfg, gen.autoregressive_program, states[:1], temps[:1],
+                                               jax.random.fold_in(base, 1), desc="target only", **common)
+
+    # ------------------------------------------------------------------ acceptance
+    acc_obs = None
+    acc_n = 0
+    if check_acceptance:
+        first, timings["first_round"] = count_samples("first", first_cfg, impl, states, temps,
+                                                      jax.random.fold_in(base, 2), desc="first round", **common)
+        acc_n = num_samples
+        acc_obs = first["accepted"] / num_samples
+
+    # ------------------------------------------------------------------ tests
+    exact_full = np.append(law.probs, 0.0)  # + the outside-support cell
+    planned = 1 + horizon + 2 + (0 if acc_exp is None else acc_exp.size)
+    a_test = stats.bonferroni(alpha, planned)
+    labels = [",".join(map(str, c)) for c in law.cells.tolist()] + ["outside"]
+    tests = []
+
+    def chi(name, r, kind, cells, joint=True):
+        detail = ""
+        if r.observed is not None:  # cells named by token sequences (joint) or token ids
+            lbl = (tuple(_relabel(x, labels) for x in r.labels) if joint else r.labels) or None
+            detail = stats.table(r.observed, r.expected, labels=lbl, max_rows=10)
+        tests.append(TestResult(name, kind, float(r.statistic), int(r.dof), float(r.pvalue), a_test, int(r.n),
+                                r.note, detail, _pooled_away(int(r.dof), cells)))
+
+    gof = lambda c, p: stats.chisquare_gof(c, p, min_expected=stats.MIN_EXPECTED)  # noqa: E731
+    n_cells = int(law.probs.size)
+    chi("joint chi2 vs exact", gof(spec["joint"], exact_full), "chi2_gof", n_cells)
+    for i in range(horizon):
+        chi(f"position {i + 1} chi2 vs exact", gof(spec["marginals"][i], law.marginals[i]), "chi2_gof",
+            int(np.count_nonzero(law.marginals[i])), joint=False)
+    chi("joint two-sample chi2 vs target-only",
+        stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=stats.MIN_EXPECTED), "chi2_two_sample",
+        n_cells)
+    chi("control: target-only joint chi2 vs exact", gof(ar["joint"], exact_full), "chi2_gof", n_cells)
+    acc_e = [] if acc_exp is None else [float(min(max(e, 0.0), 1.0)) for e in acc_exp]
+    for d, (k, e) in enumerate(zip([] if acc_exp is None else first["accepted"], acc_e, strict=True)):
+        pv = float(_scipy_stats.binomtest(int(k), num_samples, e).pvalue)
+        p_min = _binomial_min_pvalue(num_samples, e)
+        no_power = (f"its most extreme outcome has p = {p_min:.3g} > {a_test:.3g}: cannot reject on "
+                    f"{num_samples} samples") if p_min > a_test else ""
+        tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
+                                0, pv, a_test, num_samples, f"observed {int(k)} of {num_samples}, "
+                                f"expected {e * num_samples:.1f}", no_power=no_power))
+    assert len(tests) == planned
+
+    tv = stats.total_variation(spec["joint"], exact_full)
+    tv_up = stats.tv_upper_bound(spec["joint"], exact_full, alpha=alpha)
+    tv_ar = stats.total_variation(ar["joint"], exact_full)
+    mdt = stats.min_detectable_tv(num_samples, max(law.probs.size, 2), alpha=a_test)
+    samples_needed = max([_tv_samples(num_samples, mdt, MAX_MIN_DETECTABLE_TV), _gof_samples(law.probs),
+                          *(_gof_samples(m) for m in law.marginals),
+                          *(_binomial_samples(e, a_test) for e in acc_e)])
+    config = {
+        "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
+        "tree_resolved": str(setup.spec_cfg.tree),
+        "scheme": scheme,
+        "temperature": setup.temperature,
+        "top_k": setup.target_warp["top_k"],
+        "top_p": setup.target_warp["top_p"],
+        "draft_temperature": setup.draft_temperature,
+        "draft_top_k": setup.draft_warp["top_k"],
+        "draft_top_p": setup.draft_warp["top_p"],
+        "prompt": list(prompt),
+        "horizon": horizon,
+        "vocab_size": v,
+        "num_samples": num_samples,
+        "chunk_size": chunk,
+        "devices": len(devices),
+        "platform": devices[0].platform,
+        "seed": seed,
+        "mutant": mutant,
+        "mutant_bug": None if mutant is None else _mutants.describe(mutant),
+    }
+    timings["total_s"] = time.perf_counter() - t_start
+    for name in ("speculative", "target_only"):
+        t = timings[name]
+        timings[f"{name}_samples_per_s"] = num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
+    timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
+               for k, x in timings.items()}
+    return VerifyReport(
+        config=config,
+        tests=tuple(tests),
+        alpha=alpha,
+        alpha_per_test=a_test,
+        num_samples=num_samples,
+        cells=law.cells,
+        exact=law.probs,
+        spec_counts=spec["joint"],
+        ar_counts=ar["joint"],
+        exact_marginals=law.marginals,
+        spec_marginals=spec["marginals"],
+        ar_marginals=ar["marginals"],
+        tv=tv,
+        tv_upper=tv_up,
+        tv_target_only=tv_ar,
+        min_detectable_tv=mdt,
+        acceptance_observed=acc_obs,
+        acceptance_expected=acc_exp,
+        acceptance_samples=acc_n,
+        acceptance_note=acc_note,
+        tokens_per_round=float(spec["tokens"] / max(spec["rounds"], 1)),
+        timings=timings,
+        samples_needed=samples_needed,
+    )

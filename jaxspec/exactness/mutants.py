@@ -1,0 +1,173 @@
+"""Deliberately broken speculative decoders, for ``jaxspec verify --mutant NAME``.
+
+A harness that cannot fail proves nothing (docs/DESIGN.md §4). Each mutant is the real decoder
+of :func:`jaxspec.generate` with exactly one piece replaced by a classic bug of §2, so a
+user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on the main
+decode path: :func:`spec_impl` returns a *separate* configuration and round function.
+
+=====================  ==================================================================
+name                   the bug                                          needs
+=====================  ==================================================================
+no-residual-update     after a rejected sibling, ``p`` is not replaced  >= 2 siblings
+                       by ``normalize(max(p - q_k, 0))``; the extra
+                       token is drawn from the unmodified row
+depth-row              node i is judged by the row of its *depth*, not  a non-chain tree
+                       of its parent (``row d`` = "law at depth d")
+causal-mask            target verification under a causal triangle over  >= 2 siblings
+                       the flattened tree: siblings leak into each other
+reused-uniform         the residual / bonus token reuses the uniform of  any tree
+                       the last acceptance test instead of a fresh one
+warp-mismatch          the rule is handed ``q`` under another warp than  scheme iid or
+                       the one its tokens were drawn from: ``q``         without_replacement
+                       squared and renormalized (temperature halved)     (deterministic
+                                                                         ignores q)
+bonus-kv-slot          the commit keeps one token fewer than the round   any tree
+                       emitted, so the next round writes the emitted
+                       token's K/V one cache slot early (over the last
+                       accepted token's, or the old root's)
+=====================  ==================================================================
+
+How they plug in: each is a :class:`~jaxspec.decode.round.RoundParts` with one part
+replaced (:func:`round_parts`), passed as ``parts=`` to :func:`jaxspec.generate` or
+:func:`jaxspec.verify`: ``causal-mask`` replaces ``verify_mask``; ``bonus-kv-slot``
+replaces ``commit``; the other four replace ``accept`` (``depth-row`` and
+``warp-mismatch`` hand the library's rule the wrong rows; ``no-residual-update`` and
+``reused-uniform`` are rules of their own).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.core import tree as _tree
+from jaxspec.core.acceptance import (
+    AcceptResult,
+    accept_core,
+    accept_result,
+    choose_path,
+    node_accept_probs,
+    row_residual,
+    tree_structure,
+)
+from jaxspec.core.numerics import accept_ratio, inverse_cdf
+from jaxspec.decode.round import RoundParts, commit_path
+
+__all__ = ["MUTANTS", "describe", "round_parts", "check_mutant"]
+
+MUTANTS = ("no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot")
+
+_DESCRIPTIONS = {
+    "no-residual-update": "no residual update between siblings (p is never reduced by a rejected q_k)",
+    "depth-row": "a node's probability row indexed by its depth instead of its parent",
+    "causal-mask": "target verification under a causal mask over the flattened tree (sibling leakage)",
+    "reused-uniform": "the residual/bonus draw reuses the last acceptance test's uniform",
+    "warp-mismatch": "the rule is handed q at half the temperature its tokens were drawn at (q^2 renormalized)",
+    "bonus-kv-slot": "the emitted token's K/V written one cache slot early (the commit keeps one token too few)",
+}
+
+
+def describe(name: str) -> str:
+    """One line on what mutant ``name`` breaks."""
+    return _DESCRIPTIONS[check_mutant(name)]
+
+
+def check_mutant(name: str) -> str:
+    if name not in MUTANTS:
+        raise ValueError(f"mutant = {name!r}: expected one of {', '.join(MUTANTS)}")
+    return name
+
+
+def _accept_no_residual_update(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """Every sibling judged against the *unmodified* target row; the extra token drawn
+    from that row too (the bug: ``p`` never becomes ``normalize(max(p - q_k, 0))``)."""
+    st = tree_structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    row = jnp.asarray(st.parent_row)  # [N]
+    px = P[row, tokens]
+    if scheme == "iid":
+        qx = Q[row, tokens]
+    elif scheme == "without_replacement":  # q_k(x) = q(x) / (1 - mass of earlier siblings)
+        earlier = jnp.asarray(st.earlier_sibling)
+        q_own = Q[row, tokens]
+        removed = jnp.sum(jnp.where(earlier, q_own[None, :], 0.0), axis=1)
+        left = 1.0 - removed
+        qx = jnp.where(left > 0, q_own / jnp.where(left > 0, left, 1.0), 1.0)
+    else:  # deterministic: point masses
+        qx = jnp.ones((n,), jnp.float32)
+    accept_prob = accept_ratio(px, qx)
+    key_accept, key_emit = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)
+    num_accepted, last, accepted_nodes = choose_path(st, accept_prob, u)
+    extra = inverse_cdf(jax.random.uniform(key_emit, (), jnp.float32), P[last + 1])
+    return accept_result(tokens, num_accepted, last, accepted_nodes, extra)
+
+
+def _accept_reused_uniform(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """The library's rule, except that the extra token is drawn by inverse CDF with the
+    uniform of the last acceptance test made (the last, rejected, child of the emitting
+    row; or the accepted leaf's own test for a bonus token)."""
+    st = tree_structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    accept_prob = node_accept_probs(st, tokens, P, Q, scheme)
+    key_accept, _ = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)
+    num_accepted, last, accepted_nodes = choose_path(st, accept_prob, u)
+    emit_row = last + 1
+    kids = jnp.asarray(st.children)[emit_row]  # [K], -1 padded, sibling order
+    last_kid = jnp.max(kids)  # the last child tried (all were rejected)
+    u_last = jnp.where(last_kid >= 0, u[jnp.maximum(last_kid, 0)], u[jnp.maximum(last, 0)])
+    law = row_residual(st, emit_row, tokens, P, Q, scheme)
+    return accept_result(tokens, num_accepted, last, accepted_nodes, inverse_cdf(u_last, law))
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def _causal(mask):
+    """``verify_mask``: a causal triangle of the same shape as the ``[root] + nodes`` tree
+    mask (siblings see each other)."""
+    m = jnp.asarray(mask)
+    k = m.shape[-1]
+    return jnp.broadcast_to(jnp.tril(jnp.ones((k, k), jnp.bool_)), m.shape)
+
+
+def _accept_depth_rows(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: the library's rule with row ``i + 1`` (after node i) replaced by row
+    ``depth[i]`` ("row d = the law at depth d": right for a chain only)."""
+    src = jnp.concatenate([jnp.zeros((1,), jnp.int32), _tree.tree_depths(parents)])  # row r <- row src[r]
+    return accept_core(key, parents, tokens, target_probs[src], draft_probs[src], scheme)
+
+
+def _accept_sharpened_q(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: the library's rule handed the draft rows squared and renormalized --
+    ``q`` at half the temperature the draft's tokens were drawn at (a warp applied twice,
+    or on one side only)."""
+    q2 = draft_probs * draft_probs
+    return accept_core(key, parents, tokens, target_probs, q2 / jnp.sum(q2, axis=-1, keepdims=True), scheme)
+
+
+def _commit_one_short(cache, accepted_nodes, num):
+    """``commit``: keep one token fewer than the round emitted (never fewer than 0); the
+    next round then writes its root, the emitted token, one slot early."""
+    return commit_path(cache, accepted_nodes, jnp.maximum(num - 1, 0))
+
+
+def round_parts(name: str) -> RoundParts:
+    """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's
+    parts with exactly one replaced (``generate(..., parts=round_parts(name))``)."""
+    check_mutant(name)
+    return {
+        "no-residual-update": RoundParts(accept=_accept_no_residual_update),
+        "reused-uniform": RoundParts(accept=_accept_reused_uniform),
+        "causal-mask": RoundParts(verify_mask=_causal),
+        "depth-row": RoundParts(accept=_accept_depth_rows),
+        "warp-mismatch": RoundParts(accept=_accept_sharpened_q),
+        "bonus-kv-slot": RoundParts(commit=_commit_one_short),
+    }[name]

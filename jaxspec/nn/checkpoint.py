@@ -1,0 +1,489 @@
+"""Models on disk, in Hugging Face Llama layout: ``config.json`` + safetensors weights.
+
+A folder written by :func:`save_model` is what ``transformers`` writes for a
+``LlamaForCausalLM``::
+
+    out/config.json          HF LlamaConfig keys + "architectures": ["LlamaForCausalLM"]
+    out/model.safetensors    HF tensor names, Linear weights [out, in]
+
+or, with ``max_shard_bytes``, ``model-00001-of-0000K.safetensors`` ... plus
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {...}}``).
+
+Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
+
+    model.embed_tokens.weight                          [V, D]
+    model.layers.{i}.input_layernorm.weight            [D]
+    model.layers.{i}.self_attn.{q,k,v,o}_proj.weight   T
+    model.layers.{i}.self_attn.{q,k,v}_proj.bias       (attention_bias only)
+    model.layers.{i}.post_attention_layernorm.weight   [D]
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight    T
+    model.norm.weight                                  [D]
+    lm_head.weight                                     T, [V, D]   (absent when tied)
+
+:func:`load_model` takes an embedded model name (:func:`embedded_models`, shipped under
+``jaxspec/models/``) or such a folder::
+
+    target = load_model("default-target")            # embedded, no download
+    draft = load_model("default-draft")
+    model = load_model("/path/to/hf_folder", dtype="bfloat16")
+
+Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
+to :class:`~jaxspec.config.ModelConfig` keyword arguments); adding a family is one entry:
+
+* ``LlamaForCausalLM`` (``attention_bias`` as configured), tied or untied embeddings;
+* ``Qwen2ForCausalLM`` (biases on q/k/v; ``use_sliding_window`` true is refused unless the
+  window covers the context);
+* ``MistralForCausalLM`` (full attention: a ``sliding_window`` shorter than the context —
+  ``max_context`` if given, else ``max_position_embeddings`` — is refused with a message
+  saying which ``max_context`` would be exact).
+
+Nothing here touches the network: folders are read from local disk only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import Transformer
+
+__all__ = [
+    "ARCHITECTURES",
+    "MODELS_DIR",
+    "embedded_models",
+    "resolve_model_path",
+    "read_config",
+    "config_to_hf",
+    "config_from_hf",
+    "hf_state_dict",
+    "save_model",
+    "load_model",
+]
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = ("float32", "bfloat16")
+# safetensors dtypes load_model reads (converted to the model's dtype)
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+# Tensors some HF checkpoints carry that this model recomputes: skipped on load.
+_IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+def _rope_kwargs(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Common HF -> ModelConfig translation: family defaults for keys a config may omit
+    (``save_pretrained`` writes only non-default values in some versions), and the newer
+    ``rope_parameters`` dict (transformers >= 5) folded into ``rope_theta`` / ``rope_scaling``."""
+    out = {**defaults, **cfg}
+    for key in ("rope_parameters", "rope_scaling"):
+        rp = out.get(key)
+        if isinstance(rp, Mapping):
+            rope_type = rp.get("rope_type", rp.get("type", "default"))
+            if rope_type != "default":
+                raise ValueError(
+                    f"{key} = {dict(rp)!r}: rope_type {rope_type!r} is not supported; expected "
+                    "'default' (plain rotary embeddings)"
+                )
+            if "rope_theta" in rp:
+                out["rope_theta"] = rp["rope_theta"]
+            out["rope_scaling"] = None
+    out.pop("rope_parameters", None)
+    return out
+
+
+def _check_window(arch: str, window: Any, cfg: Mapping[str, Any], max_context: int | None) -> dict[str, Any]:
+    """Refuse a sliding attention window shorter than the context this model will be used for.
+
+    jaxspec attends over the full context. With a window ``W`` that equals full attention
+    only while every sequence (prompt + new tokens + tree) has at most ``W`` tokens. The
+    context checked is ``max_context`` if given (and then ``max_position_embeddings`` is
+    lowered to it, so generation refuses longer sequences), else ``max_position_embeddings``.
+    """
+    if window is None:
+        if "sliding_attention" in (cfg.get("layer_types") or ()):
+            raise ValueError(f"{arch}: layer_types has sliding_attention layers but sliding_window is null")
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window = {window!r}: expected a positive integer or null")
+    ctx = max_context if max_context is not None else cfg["max_position_embeddings"]
+    if window < ctx:
+        hint = (
+            f"pass max_context <= {window} to load_model to use it with at most {window} tokens"
+            if max_context is None
+            else f"max_context = {max_context} exceeds it; use max_context <= {window}"
+        )
+        raise ValueError(
+            f"{arch} uses a sliding attention window of {window} tokens (sliding_window), shorter than "
+            f"the context of {ctx} tokens; jaxspec implements full attention only, which differs from "
+            f"the model beyond {window} tokens: {hint}"
+        )
+    return {}
+
+
+def _llama_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    return _rope_kwargs(cfg, {"max_position_embeddings": 2048, "rope_theta": 10000.0})
+
+
+def _qwen2_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    # Qwen2 always has biases on q/k/v (not o); its configs carry no attention_bias key.
+    out = _rope_kwargs(cfg, {"max_position_embeddings": 32768, "rope_theta": 10000.0})
+    out["attention_bias"] = True
+    if out.get("use_sliding_window", False) or "sliding_attention" in (out.get("layer_types") or ()):
+        _check_window("Qwen2ForCausalLM", out.get("sliding_window"), out, max_context)
+    return out
+
+
+def _mistral_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    out = _rope_kwargs(cfg, {"max_position_embeddings": 4096 * 32, "rope_theta": 10000.0, "sliding_window": 4096})
+    out["attention_bias"] = False
+    _check_window("MistralForCausalLM", out.get("sliding_window"), out, max_context)
+    return out
+
+
+# architecture name -> function(HF config dict, max_context) -> ModelConfig keyword arguments
+# (HF names). The function raises ValueError for configurations jaxspec cannot run exactly.
+ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
+    "LlamaForCausalLM": _llama_kwargs,
+    "Qwen2ForCausalLM": _qwen2_kwargs,
+    "MistralForCausalLM": _mistral_kwargs,
+}
+
+
+# ----------------------------------------------------------------------------- names
+def embedded_models() -> list[str]:
+    """Names of the models shipped inside the package (sorted)."""
+    return ["default-draft", "default-target"]
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """Embedded name -> its folder under ``jaxspec/models/``; otherwise the path itself.
+
+    Raises ``ValueError`` for a bare name that is neither embedded nor an existing path, and
+    ``FileNotFoundError`` for a path (anything with a separator) that does not exist.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ValueError(
+            f"load_model: name_or_path = {name_or_path!r}; expected an embedded model name "
+            f"({', '.join(embedded_models())}) or a folder path"
+        )
+    s = os.fspath(name_or_path)
+    if s in embedded_models():
+        return MODELS_DIR / s
+    p = Path(s).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise FileNotFoundError(
+                f"load_model: {s!r} is a file; expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
+        return p
+    if os.sep in s or (os.altsep and os.altsep in s) or s.startswith("."):
+        raise FileNotFoundError(f"load_model: model folder {s!r} does not exist")
+    raise ValueError(
+        f"load_model: unknown model {s!r}; expected one of the embedded models "
+        f"{embedded_models()} or a path to a local folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+    )
+
+
+def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
+    """The raw ``config.json`` dict of an embedded model or a folder."""
+    folder = resolve_model_path(name_or_path)
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"load_model: missing {path}")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"load_model: {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"load_model: {path} holds a {type(cfg).__name__}; expected a JSON object")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- configs
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """HF ``LlamaConfig`` dict for ``config`` (``torch_dtype`` from ``config.dtype``)."""
+    d = config.to_dict()
+    dtype = d.pop("dtype")
+    d.update(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_act="silu",
+        mlp_bias=False,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+        pretraining_tp=1,
+        rope_scaling=None,
+        use_cache=True,
+        torch_dtype=dtype,
+    )
+    return d
+
+
+def config_from_hf(
+    cfg: Mapping[str, Any],
+    *,
+    dtype: str | None = None,
+    source: str = CONFIG_FILE,
+    max_context: int | None = None,
+) -> ModelConfig:
+    """:class:`ModelConfig` from an HF config dict; ``dtype`` None -> ``"float32"``.
+
+    ``max_context`` (tokens: prompt + new tokens + tree) is checked against a sliding
+    attention window (Mistral, Qwen2 with ``use_sliding_window``) and, when given, caps
+    ``max_position_embeddings`` so longer sequences are refused at generation time.
+    """
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1):
+        raise ValueError(f"load_model: max_context = {max_context!r}; expected a positive integer or None")
+    archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+    if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise ValueError(
+            f"load_model: {source}: architectures = {archs!r} is not supported; "
+            f"expected one of {sorted(ARCHITECTURES)}"
+        )
+    dtype = "float32" if dtype is None else dtype
+    if not isinstance(dtype, str):
+        dtype = jnp.dtype(dtype).name
+    if dtype not in _DTYPES:
+        raise ValueError(f"load_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    try:
+        kwargs = ARCHITECTURES[archs[0]](cfg, max_context)
+        kwargs["dtype"] = dtype
+        config = ModelConfig.from_dict(kwargs)
+    except ValueError as e:
+        raise ValueError(f"load_model: {source}: {e}") from None
+    if max_context is not None and max_context < config.max_position_embeddings:
+        config = dataclasses.replace(config, max_position_embeddings=max_context)
+    return config
+
+
+# ----------------------------------------------------------------------------- tensors
+def _hf_name(path: tuple) -> tuple[str, bool]:
+    """nnx state path -> (HF tensor name, whether the array is transposed)."""
+    *mods, leaf = (str(p) for p in path)
+    if mods == ["lm_head"]:
+        return "lm_head.weight", True
+    if leaf == "kernel":
+        return "model." + ".".join(mods) + ".weight", True
+    if leaf == "embedding":
+        return "model." + ".".join(mods) + ".weight", False
+    return "model." + ".".join(mods) + "." + leaf, False
+
+
+def hf_state_dict(model: Transformer, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """HF-named numpy tensors of ``model`` (Linear weights transposed to ``[out, in]``)."""
+    _, state = nnx.split(model)
+    np_dtype = None if dtype is None else jnp.dtype(dtype)
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        name, transpose = _hf_name(path)
+        arr = np.asarray(var[...])
+        if transpose:
+            arr = arr.T
+        if np_dtype is not None:
+            arr = arr.astype(np_dtype)
+        out[name] = np.ascontiguousarray(arr)
+    return out
+
+
+def save_model(
+    model: Transformer,
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` to folder ``path`` in HF Llama layout; returns the folder.
+
+    ``dtype`` (``"float32"`` / ``"bfloat16"``; None -> the model's) sets the stored dtype and
+    ``torch_dtype``. ``max_shard_bytes`` splits the weights into ``model-XXXXX-of-YYYYY``
+    shards with an index. ``extra_config`` keys are added to ``config.json`` (e.g. token ids).
+    """
+    if not isinstance(model, Transformer):
+        raise ValueError(f"save_model: model is a {type(model).__name__}; expected a jaxspec Transformer")
+    dtype = model.config.dtype if dtype is None else (dtype if isinstance(dtype, str) else jnp.dtype(dtype).name)
+    if dtype not in _DTYPES:
+        raise ValueError(f"save_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1):
+        raise ValueError(f"save_model: max_shard_bytes = {max_shard_bytes!r}; expected a positive integer or None")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = hf_state_dict(model, dtype)
+    cfg = config_to_hf(model.config)
+    cfg["torch_dtype"] = dtype
+    cfg.update(extra_config or {})
+    (folder / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for stale in list(folder.glob("model-*-of-*.safetensors")) + [folder / INDEX_FILE, folder / WEIGHTS_FILE]:
+        stale.unlink(missing_ok=True)
+    meta = {"format": "pt"}  # what transformers expects in the safetensors header
+    if max_shard_bytes is None:
+        _save_tensors(tensors, folder / WEIGHTS_FILE, meta)
+        return folder
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        _save_tensors(shard, folder / fname, meta)
+        weight_map.update({name: fname for name in shard})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+def _save_tensors(tensors: dict[str, np.ndarray], path: Path, meta: dict[str, str]) -> None:
+    save_file(tensors, path, metadata=meta)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)  # safetensors creates files 0600; make them like any other file
+
+
+def _open_weights(path: Path):
+    """``safe_open(path)``; a damaged file (truncated, empty, not safetensors) -> ValueError."""
+    try:
+        return safe_open(path, framework="numpy")
+    except SafetensorError as e:
+        raise ValueError(f"load_model: {path} is not a valid safetensors file: {e}") from None
+
+
+def _weight_files(folder: Path) -> dict[str, str]:
+    """HF tensor name -> file name, from the index or the single weights file."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"load_model: {index} is not a valid safetensors index ({e!r})") from None
+        if not isinstance(weight_map, dict):
+            raise ValueError(
+                f"load_model: {index} is not a valid safetensors index (weight_map is a "
+                f"{type(weight_map).__name__}; expected an object mapping tensor names to file names)"
+            )
+        for name, fname in weight_map.items():
+            if not isinstance(fname, str) or not fname:
+                raise ValueError(
+                    f"load_model: {index} is not a valid safetensors index (weight_map[{name!r}] = "
+                    f"{fname!r}; expected a file name)"
+                )
+        for fname in sorted(set(weight_map.values())):
+            if not (folder / fname).is_file():
+                raise FileNotFoundError(f"load_model: missing shard {folder / fname} (listed in {index})")
+        return dict(weight_map)
+    single = folder / WEIGHTS_FILE
+    if not single.is_file():
+        raise FileNotFoundError(f"load_model: missing {single} (and no {INDEX_FILE})")
+    with _open_weights(single) as f:
+        return {name: WEIGHTS_FILE for name in f.keys()}
+
+
+def load_model(
+    name_or_path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None
+) -> Transformer:
+    """A :class:`Transformer` from an embedded name or an HF-layout folder.
+
+    ``dtype``: ``"float32"`` (default when None) or ``"bfloat16"``; stored tensors of any
+    float dtype are converted. ``max_context``: the longest sequence (prompt + new tokens +
+    tree) you will run; required for a model with a sliding attention window shorter than
+    its ``max_position_embeddings`` (Mistral v0.1), which is then refused unless
+    ``max_context <= sliding_window``; when given, it caps ``max_position_embeddings``.
+    Architectures: :data:`ARCHITECTURES`. Errors name the file or tensor at fault.
+    """
+    folder = resolve_model_path(name_or_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"load_model: model folder {folder} does not exist")
+    config = config_from_hf(
+        read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE), max_context=max_context
+    )
+    files = _weight_files(folder)
+
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    expected = {}  # HF name -> (state path, transpose, expected HF shape)
+    for path, var in nnx.to_flat_state(state):
+        name, transpose = _hf_name(path)
+        shape = tuple(var.get_value().shape)
+        expected[name] = (path, transpose, shape[::-1] if transpose else shape)
+
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise ValueError(
+            f"load_model: {folder}: missing tensor {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    unexpected = [
+        n for n in files
+        if n not in expected and not _IGNORED_TENSORS.match(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    ]
+    if unexpected:
+        raise ValueError(
+            f"load_model: {folder / files[unexpected[0]]}: unexpected tensor {unexpected[0]!r} for the "
+            f"configuration in {CONFIG_FILE} (attention_bias = {config.attention_bias}, "
+            f"tie_word_embeddings = {config.tie_word_embeddings})"
+        )
+
+    pd = config.param_dtype
+    values: dict[tuple, jax.Array] = {}
+    by_file: dict[str, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    for fname, names in by_file.items():
+        file = folder / fname
+        with _open_weights(file) as f:
+            stored = set(f.keys())
+            for name in names:
+                path, transpose, shape = expected[name]
+                if name not in stored:  # a shard index that lists a tensor its shard lacks
+                    raise ValueError(f"load_model: {file}: missing tensor {name!r} (listed in {INDEX_FILE})")
+                sl = f.get_slice(name)
+                got = tuple(sl.get_shape())
+                if got != shape:
+                    raise ValueError(
+                        f"load_model: {file}: tensor {name!r} has shape {got}; "
+                        f"expected {shape} from {CONFIG_FILE}"
+                    )
+                if sl.get_dtype() not in _FLOAT_DTYPES:
+                    raise ValueError(
+                        f"load_model: {file}: tensor {name!r} has dtype {sl.get_dtype()}; expected a float "
+                        f"({', '.join(_FLOAT_DTYPES)})"
+                    )
+                try:
+                    arr = f.get_tensor(name)
+                except SafetensorError as e:
+                    raise ValueError(f"load_model: {file} is not a valid safetensors file: {e}") from None
+                if not np.isfinite(arr).all():  # one vectorized pass per tensor
+                    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+                    raise ValueError(
+                        f"load_model: {file}: tensor {name!r} has {bad} non-finite value(s) (NaN or inf); "
+                        "expected finite weights"
+                    )
+                values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
+
+    pure = nnx.to_pure_dict(state)
+    for path, value in values.items():
+        node = pure
+        for p in path[:-1]:
+            node = node[p]
+        node[path[-1]] = value
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)

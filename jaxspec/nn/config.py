@@ -1,0 +1,178 @@
+"""Model configuration: a frozen dataclass whose field names mirror Hugging Face ``LlamaConfig``.
+
+Example::
+
+    cfg = ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    cfg.head_dim            # 8 (hidden_size // num_attention_heads)
+    ModelConfig.from_dict(json.load(open("config.json")))   # HF keys; unknown keys ignored
+
+Validation happens once, in ``__post_init__`` (plain Python, before any tracing); every
+error names the field, the bad value and what was expected. ``head_dim=None`` and
+``num_key_value_heads=None`` are resolved on construction (to ``hidden_size //
+num_attention_heads`` and ``num_attention_heads``), so equal models compare equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.checks import is_int
+
+__all__ = ["ModelConfig"]
+
+_DTYPES = ("float32", "bfloat16")
+
+# HF keys whose non-default values this model does not implement: refuse rather than
+# silently produce a different network.
+_UNSUPPORTED_HF = {
+    "rope_scaling": (None,),
+    "hidden_act": ("silu",),
+    "mlp_bias": (False,),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder (Llama, Qwen2 with ``attention_bias=True``, ...).
+
+    ``dtype`` is the parameter (and KV cache) dtype: ``"float32"`` or ``"bfloat16"``.
+    Norms, softmax, the residual stream and logits are always float32.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None  # None -> num_attention_heads (no GQA)
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    head_dim: int | None = None  # None -> hidden_size // num_attention_heads
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+        ):
+            _check_pos_int(name, getattr(self, name))
+            set_(name, int(getattr(self, name)))
+
+        if self.num_key_value_heads is None:
+            set_("num_key_value_heads", self.num_attention_heads)
+        _check_pos_int("num_key_value_heads", self.num_key_value_heads)
+        set_("num_key_value_heads", int(self.num_key_value_heads))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"ModelConfig.num_key_value_heads = {self.num_key_value_heads}: expected a "
+                f"divisor of num_attention_heads = {self.num_attention_heads}"
+            )
+
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"ModelConfig.hidden_size = {self.hidden_size}: expected a multiple of "
+                    f"num_attention_heads = {self.num_attention_heads} (or pass head_dim)"
+                )
+            set_("head_dim", self.hidden_size // self.num_attention_heads)
+        _check_pos_int("head_dim", self.head_dim)
+        set_("head_dim", int(self.head_dim))
+        if self.head_dim % 2:
+            raise ValueError(
+                f"ModelConfig.head_dim = {self.head_dim}: expected an even number (rotary "
+                "embeddings rotate pairs of dimensions)"
+            )
+
+        for name, top in (("rope_theta", math.inf), ("rms_norm_eps", 1.0)):
+            v = getattr(self, name)
+            if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                    or not (0 < v < top) or not math.isfinite(v)):
+                want = "a finite positive number" if top == math.inf else f"a number in (0, {top:g})"
+                raise ValueError(f"ModelConfig.{name} = {v!r}: expected {want}")
+            set_(name, float(v))
+
+        for name in ("tie_word_embeddings", "attention_bias"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"ModelConfig.{name} = {v!r}: expected a bool")
+            set_(name, bool(v))
+
+        dtype = self.dtype
+        if not isinstance(dtype, str):
+            try:
+                dtype = jnp.dtype(dtype).name
+            except TypeError:
+                pass
+        if dtype not in _DTYPES:
+            raise ValueError(f"ModelConfig.dtype = {self.dtype!r}: expected one of {_DTYPES}")
+        set_("dtype", dtype)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def param_dtype(self):
+        """The parameter dtype as a jnp dtype (``jnp.float32`` or ``jnp.bfloat16``)."""
+        return jnp.dtype(self.dtype)
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def num_params(self) -> int:
+        """Number of scalar parameters of :class:`jaxspec.model.Transformer`."""
+        d, h, kv, hd = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        if self.attention_bias:
+            attn += h * hd + 2 * kv * hd
+        mlp = 3 * d * self.intermediate_size
+        layer = attn + mlp + 2 * d  # two RMSNorm weights
+        embed = self.vocab_size * d
+        head = 0 if self.tie_word_embeddings else self.vocab_size * d
+        return embed + self.num_hidden_layers * layer + d + head
+
+    # ------------------------------------------------------------------ (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields (JSON-serialisable; HF key names)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """Build from a dict with HF ``LlamaConfig`` keys; unknown keys are ignored.
+
+        ``torch_dtype`` is ignored (``dtype`` defaults to float32; pass ``dtype`` to choose).
+        Keys describing features this model lacks (``rope_scaling``, a ``hidden_act``
+        other than ``"silu"``, ``mlp_bias``) raise ``ValueError`` instead of being dropped.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"ModelConfig.from_dict: expected a mapping, got {type(d).__name__}")
+        for key, allowed in _UNSUPPORTED_HF.items():
+            if key in d and d[key] not in allowed:
+                raise ValueError(
+                    f"ModelConfig.from_dict: {key} = {d[key]!r} is not supported; "
+                    f"expected one of {allowed}"
+                )
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError(f"ModelConfig.from_dict: missing required keys {missing}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _check_pos_int(name: str, v) -> None:
+    if not is_int(v) or v < 1:
+        raise ValueError(f"ModelConfig.{name} = {v!r}: expected a positive integer")

@@ -1,0 +1,351 @@
+"""A Llama-family decoder-only transformer in Flax NNX, with an explicit KV cache.
+
+One forward signature serves prefill, one-token decode and tree verification::
+
+    logits, cache = model(tokens, positions, cache, attention_mask)
+    # tokens int32[B, T], positions int32[B, T], attention_mask bool[B, T, S]
+    # -> logits float32[B, T, V]; new K/V written at slots cache.lengths[b] + t
+
+The forward writes but never commits: ``cache.lengths`` is unchanged; the caller keeps
+tokens with :func:`jaxspec.cache.advance` (contiguous) or :func:`jaxspec.cache.commit`
+(an accepted tree path). Positions and masks are inputs, never derived here::
+
+    # tree verification of N draft nodes (the root = last committed token)
+    tm = jaxspec.tree_mask(parents)                             # bool[N, N]
+    pos = jaxspec.tree_positions(parents, cache.lengths)        # int32[B, N]
+    mask = tree_cache_mask(cache.lengths, tm, cache.capacity)   # bool[B, N, S]
+    logits, cache = model(node_tokens, pos, cache, mask)        # node j at slot lengths + j
+
+Numerics: parameters and the KV cache in ``config.dtype`` (float32 or bfloat16); the
+residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits in
+float32. Masked scores use the most negative float32, so a fully masked row yields a
+uniform average over the cache instead of NaN.
+
+Parameter names map 1:1 onto Hugging Face Llama / Qwen2 tensors (Linear kernels are
+stored ``[in, out]``, i.e. the transpose of HF ``weight``)::
+
+    model.embed_tokens.weight                   embed_tokens.embedding        [V, D]
+    model.layers.{i}.self_attn.q_proj.weight    layers[i].self_attn.q_proj.kernel (T)
+    model.layers.{i}.self_attn.q_proj.bias      layers[i].self_attn.q_proj.bias  (q/k/v, if attention_bias)
+    ... k_proj, v_proj, o_proj                  ... same pattern
+    model.layers.{i}.mlp.{gate,up,down}_proj.weight   layers[i].mlp.{gate,up,down}_proj.kernel (T)
+    model.layers.{i}.input_layernorm.weight     layers[i].input_layernorm.weight
+    model.layers.{i}.post_attention_layernorm.weight  layers[i].post_attention_layernorm.weight
+    model.norm.weight                           norm.weight
+    lm_head.weight                              lm_head.kernel (T)   (absent when tied)
+
+Under ``jax.jit``: either ``nnx.jit`` (modules may be passed directly)::
+
+    step = nnx.jit(decode_step)
+    logits, cache = step(model, cache, token)
+    prefill_jit = nnx.jit(prefill, static_argnames="capacity")
+
+or the functional form, splitting once and merging inside the traced function::
+
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, donate_argnums=2)
+    def verify(state, tokens, cache, positions, mask):
+        model = nnx.merge(graphdef, state)
+        return model(tokens, positions, cache, mask)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.checks import is_concrete
+from jaxspec.nn.cache import KVCache, advance, init_cache
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.masks import causal_cache_mask
+
+__all__ = [
+    "check_transformer",
+    "RMSNorm",
+    "Attention",
+    "MLP",
+    "DecoderLayer",
+    "Transformer",
+    "init_model",
+    "forward_logits",
+    "prefill",
+    "decode_step",
+    "apply_rope",
+]
+
+_F32 = jnp.float32
+_MASKED = float(jnp.finfo(jnp.float32).min)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """HF Llama rotary embedding ("rotate_half" convention), computed in float32.
+
+    x: ``[B, T, H, D]``; positions: ``int32[B, T]``; ``inv_freq[i] = theta^(-2i/D)``.
+    """
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=_F32) / d))  # [D/2]
+    freqs = positions.astype(_F32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    x32 = x.astype(_F32)
+    x1, x2 = x32[..., : d // 2], x32[..., d // 2 :]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * jnp.cos(emb) + rotated * jnp.sin(emb)).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """``x / rms(x) * weight`` in float32 (returns float32)."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))  # [D]
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(_F32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return x * self.weight[...].astype(_F32)
+
+
+def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs, bias: bool = False):
+    pd = config.param_dtype
+    return nnx.Linear(d_in, d_out, use_bias=bias, dtype=pd, param_dtype=pd, rngs=rngs)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention. Split in two so the caller owns the K/V plumbing:
+    :meth:`project` makes q, k, v (k after RoPE); :meth:`attend` attends over given K/V."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.q_proj = _linear(d, h * hd, config, rngs, bias=config.attention_bias)
+        self.k_proj = _linear(d, kv * hd, config, rngs, bias=config.attention_bias)
+        self.v_proj = _linear(d, kv * hd, config, rngs, bias=config.attention_bias)
+        self.o_proj = _linear(h * hd, d, config, rngs)
+        self.num_heads, self.num_kv_heads, self.head_dim = h, kv, hd
+        self.rope_theta = config.rope_theta
+
+    def project(self, x: jax.Array, positions: jax.Array):
+        """x ``[B, T, D]`` (normed) -> q ``[B, T, H, hd]``, k, v ``[B, T, Hkv, hd]``."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """q ``[B, T, H, hd]``, k/v ``[B, S, Hkv, hd]``, mask ``bool[B, T, S]`` -> ``[B, T, D]`` f32."""
+        b, t, h, hd = q.shape
+        g = h // self.num_kv_heads
+        q = q.reshape(b, t, self.num_kv_heads, g, hd)  # [B, T, Hkv, G, hd]
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=_F32)
+        scores = scores * (hd**-0.5)  # [B, Hkv, G, T, S]
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=_F32)
+        out = out.reshape(b, t, h * hd)
+        return self.o_proj(out).astype(_F32)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no bias."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        d, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = _linear(d, i, config, rngs)
+        self.up_proj = _linear(d, i, config, rngs)
+        self.down_proj = _linear(i, d, config, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)).astype(_F32)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block. ``project`` then ``finish``; the K/V between them is the caller's."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        pd = config.param_dtype
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
+        self.self_attn = Attention(config, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def project(self, x: jax.Array, positions: jax.Array):
+        """Residual ``x [B, T, D]`` -> (q, k, v) of the new tokens."""
+        return self.self_attn.project(self.input_layernorm(x), positions)
+
+    def finish(self, x, q, k, v, mask) -> jax.Array:
+        """Attention over k/v ``[B, S, Hkv, hd]`` under mask, residual, MLP, residual."""
+        x = x + self.self_attn.attend(q, k, v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nnx.Module):
+    """Llama-family decoder. See the module docstring for the forward contract."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"Transformer: config = {type(config).__name__}; expected a ModelConfig")
+        pd = config.param_dtype
+        self.config = config
+        self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=pd, param_dtype=pd, rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, config, rngs)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """``int32[B, T]`` -> float32 ``[B, T, D]``. Out-of-range ids (e.g. -1 padding) are clipped."""
+        table = self.embed_tokens.embedding[...]  # [V, D]
+        return jnp.take(table, tokens, axis=0, mode="clip").astype(_F32)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
+        pd = self.config.param_dtype
+        h = self.norm(x).astype(pd)
+        if self.lm_head is None:
+            w = self.embed_tokens.embedding[...].T  # [D, V]
+        else:
+            w = self.lm_head.kernel[...]  # [D, V]
+        return jnp.einsum("btd,dv->btv", h, w, preferred_element_type=_F32)
+
+    def __call__(
+        self,
+        tokens: jax.Array,  # int32[B, T]
+        positions: jax.Array,  # int32[B, T]
+        cache: KVCache,
+        attention_mask: jax.Array,  # bool[B, T, S]
+    ) -> tuple[jax.Array, KVCache]:  # float32[B, T, V], cache with K/V written
+        """Write the T new K/V at slots ``cache.lengths[b] + t`` (writes past S are
+        dropped), attend over all S slots under ``attention_mask``; lengths unchanged."""
+        tokens = jnp.asarray(tokens)
+        positions = jnp.asarray(positions)
+        attention_mask = jnp.asarray(attention_mask)
+        _check_forward_shapes(self.config, tokens, positions, cache, attention_mask)
+        b, t = tokens.shape
+        x = self.embed(tokens)  # [B, T, D]
+        rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
+        slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        k_all, v_all = cache.k, cache.v  # [L, B, S, Hkv, hd]
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.project(x, positions)
+            k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+            x = layer.finish(x, q, k_all[i], v_all[i], attention_mask)
+        return self.logits(x), cache.replace(k=k_all, v=v_all)
+
+
+def _check_forward_shapes(config, tokens, positions, cache, mask) -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"Transformer: tokens.shape = {tokens.shape}; expected [B, T]")
+    if positions.shape != tokens.shape:
+        raise ValueError(f"Transformer: positions.shape = {positions.shape}; expected tokens.shape {tokens.shape}")
+    b, t = tokens.shape
+    if cache.k.shape[:2] != (config.num_hidden_layers, b) or cache.k.shape[3:] != (
+        config.num_key_value_heads,
+        config.head_dim,
+    ):
+        raise ValueError(
+            f"Transformer: cache.k.shape = {cache.k.shape}; expected "
+            f"[{config.num_hidden_layers}, {b}, S, {config.num_key_value_heads}, {config.head_dim}]"
+        )
+    if mask.shape != (b, t, cache.capacity):
+        raise ValueError(
+            f"Transformer: attention_mask.shape = {mask.shape}; expected [B, T, S] = {(b, t, cache.capacity)}"
+        )
+    if mask.dtype != jnp.bool_:
+        raise ValueError(f"Transformer: attention_mask.dtype = {mask.dtype}; expected bool")
+
+
+def init_model(config: ModelConfig, key: jax.Array) -> Transformer:
+    """Randomly initialised :class:`Transformer` (``key`` from ``jax.random.key``)."""
+    return Transformer(config, rngs=nnx.Rngs(params=key))
+
+
+def _check_token_ids(fn: str, name: str, tokens, ndim: int, shape: str) -> jax.Array:
+    """``tokens`` as a jnp array: ``ndim`` dimensions and an integer dtype (known under
+    ``jit`` too), else ``ValueError`` naming ``fn`` and ``name``."""
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != ndim:
+        raise ValueError(f"{fn}: {name}.shape = {tokens.shape}; expected {shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{fn}: {name}.dtype = {tokens.dtype}; expected integer token ids")
+    return tokens
+
+
+def forward_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
+    """Reference causal forward without a cache: ``int32[B, T]`` -> float32 ``[B, T, V]``.
+
+    Positions ``arange(T)``, causal mask over the T tokens; same layer math as
+    ``Transformer.__call__`` but none of the cache plumbing.
+    """
+    tokens = _check_token_ids("forward_logits", "tokens", tokens, 2, "[B, T]")
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))  # [B, T, T]
+    x = model.embed(tokens)
+    for layer in model.layers:
+        q, k, v = layer.project(x, positions)
+        x = layer.finish(x, q, k, v, mask)
+    return model.logits(x)
+
+
+def prefill(
+    model: Transformer, tokens: jax.Array, lengths: jax.Array, capacity: int, cache_dtype=None
+) -> tuple[jax.Array, KVCache]:
+    """Prompts right-padded to T (``int32[B, T]``), ``lengths int32[B]`` real tokens per row.
+
+    Returns logits ``float32[B, T, V]`` (row b's next-token law is ``logits[b, lengths[b]-1]``)
+    and a fresh cache of ``capacity`` slots with ``cache.lengths = lengths``. Slots past a
+    row's length hold padding K/V that later masks exclude.
+    """
+    tokens = _check_token_ids("prefill", "tokens", tokens, 2, "[B, T]")
+    b, t = tokens.shape
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < t:
+        raise ValueError(f"prefill: capacity = {capacity!r}; expected an int >= T = {t}")
+    if np.shape(lengths) != (b,):
+        raise ValueError(f"prefill: lengths.shape = {np.shape(lengths)}; expected [B] = ({b},)")
+    if is_concrete(lengths):
+        lens = np.asarray(lengths)
+        bad = np.flatnonzero((lens < 0) | (lens > t))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"prefill: lengths[{i}] = {lens[i]}; expected a prompt length in [0, T = {t}]")
+    lengths = jnp.asarray(lengths, jnp.int32)
+    cache = init_cache(model.config, b, capacity, cache_dtype)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = causal_cache_mask(cache.lengths, t, capacity)  # [B, T, S]
+    logits, cache = model(tokens, positions, cache, mask)
+    return logits, cache.replace(lengths=lengths)
+
+
+def decode_step(model: Transformer, cache: KVCache, token: jax.Array) -> tuple[jax.Array, KVCache]:
+    """One token per row (``int32[B]``) at position ``cache.lengths``; then ``lengths += 1``.
+
+    Returns float32 logits ``[B, V]`` (the law of the next token) and the advanced cache.
+    """
+    token = _check_token_ids("decode_step", "token", token, 1, "[B]")
+    if token.shape != cache.lengths.shape:
+        raise ValueError(f"decode_step: token.shape = {token.shape}; expected [B] = {cache.lengths.shape}")
+    if is_concrete(cache.lengths):
+        full = np.flatnonzero(np.asarray(cache.lengths) >= cache.capacity)
+        if full.size:
+            i = int(full[0])
+            raise ValueError(
+                f"decode_step: cache.lengths[{i}] = {int(cache.lengths[i])}: the cache is full "
+                f"(capacity {cache.capacity}); expected lengths < capacity (prefill with a larger capacity)"
+            )
+    positions = cache.lengths[:, None]  # [B, 1]
+    mask = causal_cache_mask(cache.lengths, 1, cache.capacity)  # [B, 1, S]
+    logits, cache = model(token[:, None], positions, cache, mask)
+    return logits[:, 0], advance(cache, 1)
+
+
+def check_transformer(name: str, model) -> Transformer:
+    """``model`` if it is a :class:`Transformer`; else ``ValueError`` naming ``name``."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"{name}: expected a jaxspec.Transformer, got {type(model).__name__}")
+    return model

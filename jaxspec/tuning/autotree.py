@@ -1,0 +1,660 @@
+"""Hardware-aware tree choice: the tree that maximizes predicted tokens per second of a
+target/draft pair on *this* device.
+
+A bigger tree accepts more per round but costs more per round (the target verifies
+``N + 1`` tokens, the draft runs one forward per depth level, the acceptance rule walks
+``N`` nodes). :func:`auto_tree` weighs the two, for each candidate node budget ``N``:
+
+1. the pair's positional acceptance vector, measured on held-out text
+   (:func:`jaxspec.optimize.measure_acceptance`);
+2. ``tree_N = optimize_tree(acceptance, N, max_depth)`` and its predicted tokens per
+   round ``tau_N = expected_accepted + 1``;
+3. the measured wall time of one speculative round with ``tree_N`` on this device:
+   a jitted ``fori_loop`` of real rounds (draft proposal of every level, the target's
+   tree-verification forward of ``N + 1`` tokens against a KV cache of ``context_len``
+   slots, warps, the acceptance rule, the cache commits), its time divided by its length
+   so that dispatch is not counted, median of ``repeats``; the verification forward alone
+   is timed the same way (``verify_s``, to show where the time goes);
+4. the target-only decode step (forward of 1 token, warp, draw), timed the same way;
+
+and picks ``argmax_N tau_N / round_s(N)`` (predicted speedup ``tau_N / round_s(N) *
+target_step_s``). The result is cached on disk (see :func:`cache_key`), so
+``jaxspec generate --tree auto`` measures once per pair, settings and device.
+
+Example (the embedded pair; the first call measures, later calls read the cache)::
+
+    import jax, jaxspec
+    target = jaxspec.load_model("default-target")
+    draft = jaxspec.load_model("default-draft")
+    res = jaxspec.auto_tree(target, draft, scheme="deterministic", temperature=1.0,
+                            budgets=(2, 4, 8), max_depth=6, key=jax.random.key(0))
+    print(res.table())          # N, depth, predicted tau, round ms, tokens/s, speedup
+    out = jaxspec.generate(jax.random.key(1), target, draft, [[256, 100]],
+                           max_new_tokens=32, tree=res.parents, scheme="deterministic")
+
+The prediction trusts the positional model (see :mod:`jaxspec.optimize`): it ignores
+that acceptances at successive depths are correlated, so measured tau of deep chains
+tends to exceed the prediction a little. Timings on a busy machine are noisy; pass
+``retune=True`` (``--retune`` on the command line) to measure again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.checks import is_int
+from jaxspec.core import sampling
+from jaxspec.core.acceptance import SCHEMES
+from jaxspec.core.sampling import Warp
+from jaxspec.core.treespec import StaticTree
+from jaxspec.decode.round import (
+    RoundConfig,
+    RoundState,
+    autoregressive_step,
+    speculative_round,
+    start_emitted,
+)
+from jaxspec.nn.cache import init_cache
+from jaxspec.nn.masks import tree_cache_mask
+from jaxspec.nn.model import Transformer, check_transformer
+from jaxspec.tuning.optimize import check_draws, measure_acceptance, optimize_tree
+
+__all__ = [
+    "AutoTreeRow",
+    "AutoTreeResult",
+    "RoundCost",
+    "auto_tree",
+    "tabulate",
+    "measure_round_cost",
+    "measure_target_step",
+    "cache_key",
+    "default_cache_dir",
+]
+
+#: bump when the measurement changes meaning: old cache entries are then ignored
+CACHE_VERSION = 1
+DEFAULT_BUDGETS = (2, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCost:
+    """Measured seconds of one speculative round (batch rows together) of one tree.
+
+    verify_s: the target's tree-verification forward of ``N + 1`` tokens alone.
+    round_s:  a whole round: draft proposal, verification, warps, acceptance, commits.
+    """
+
+    verify_s: float
+    round_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoTreeRow:
+    """One candidate budget of the table of :func:`tabulate`."""
+
+    budget: int
+    depth: int
+    parents: tuple[int, ...]
+    predicted_tau: float  # predicted tokens per round (expected_accepted + 1)
+    verify_s: float
+    round_s: float
+    tokens_per_s: float  # predicted, per batch row: predicted_tau / round_s
+    speedup: float  # predicted tokens_per_s / target-only tokens per second
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoTreeResult:
+    """Result of :func:`auto_tree` (or of :func:`tabulate` with injected figures).
+
+    parents:        the chosen tree (breadth first), for ``generate(tree=parents)``.
+    budget:         its node count ``N``.
+    predicted_tau:  predicted tokens per round (per target call) of the chosen tree.
+    predicted_speedup: its predicted tokens/s over target-only decoding (< 1: the pair
+                    does not pay off on this device; decode target-only instead).
+    tokens_per_s:   its predicted tokens per second per batch row.
+    target_step_s:  measured seconds of one target-only decode step.
+    acceptance:     the positional acceptance vector used.
+    rows:           the whole table, one :class:`AutoTreeRow` per budget.
+    info:           what was measured and where (device, jax version, settings).
+    from_cache:     True when read from the on-disk cache.
+    cache_path:     the cache file (None when caching is off or the entry could not be written).
+    """
+
+    parents: tuple[int, ...]
+    budget: int
+    predicted_tau: float
+    predicted_speedup: float
+    tokens_per_s: float
+    target_step_s: float
+    acceptance: tuple[float, ...]
+    rows: tuple[AutoTreeRow, ...]
+    info: dict = dataclasses.field(default_factory=dict, compare=False)
+    from_cache: bool = dataclasses.field(default=False, compare=False)
+    cache_path: str | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def depth(self) -> int:
+        return next(r.depth for r in self.rows if r.budget == self.budget)
+
+    def table(self) -> str:
+        """The table as aligned text; the chosen row is marked with ``*``."""
+        head = (f"{'':1s} {'N':>4s} {'depth':>5s} {'pred tau':>8s} {'verify ms':>9s} "
+                f"{'round ms':>8s} {'tokens/s':>9s} {'speedup':>7s}")
+        lines = [head]
+        for r in self.rows:
+            mark = "*" if r.budget == self.budget else " "
+            lines.append(
+                f"{mark} {r.budget:4d} {r.depth:5d} {r.predicted_tau:8.3f} {r.verify_s * 1e3:9.3f} "
+                f"{r.round_s * 1e3:8.3f} {r.tokens_per_s:9.1f} {r.speedup:6.2f}x"
+            )
+        lines.append(f"  target-only step {self.target_step_s * 1e3:.3f} ms "
+                     f"({1.0 / self.target_step_s:.1f} tokens/s)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("from_cache")
+        d.pop("cache_path")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, **extra) -> AutoTreeResult:
+        rows = tuple(AutoTreeRow(**{**r, "parents": tuple(r["parents"])}) for r in d["rows"])
+        return cls(**{**d, "parents": tuple(d["parents"]), "acceptance": tuple(d["acceptance"]),
+                      "rows": rows, **extra})
+
+
+# ----------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------
+
+
+def _check_pos(name: str, value, minimum: int = 1) -> int:
+    if not is_int(value) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_budgets(budgets) -> tuple[int, ...]:
+    if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (Sequence, np.ndarray)):
+        raise ValueError(f"budgets: expected a non-empty sequence of node counts >= 1, got {budgets!r}")
+    vals = list(budgets)
+    if not vals:
+        raise ValueError("budgets: expected a non-empty sequence of node counts >= 1, got []")
+    for i, b in enumerate(vals):
+        if not is_int(b) or b < 1:
+            raise ValueError(f"budgets[{i}] = {b!r}: expected an integer node count >= 1")
+    if len(set(vals)) != len(vals):
+        raise ValueError(f"budgets: expected distinct node counts, got {vals}")
+    return tuple(sorted(int(b) for b in vals))
+
+
+# ----------------------------------------------------------------------------------
+# The table and the choice (pure; costs injected)
+# ----------------------------------------------------------------------------------
+
+
+def tabulate(
+    acceptance,
+    budgets: Sequence[int],
+    max_depth: int,
+    round_cost: Callable[[StaticTree], RoundCost],
+    target_step_s: float,
+) -> AutoTreeResult:
+    """The table and the argmax of predicted tokens/s, from an acceptance vector and a
+    cost function (measured by :func:`auto_tree`; injected in tests).
+
+    Args:
+      acceptance: float[K] positional acceptance vector (:func:`optimize_tree`).
+      budgets: candidate node counts.
+      max_depth: the deepest level allowed.
+      round_cost: ``StaticTree -> RoundCost`` seconds of one round with that tree.
+      target_step_s: seconds of one target-only decode step (> 0).
+
+    Returns:
+      :class:`AutoTreeResult` whose ``budget`` maximizes ``predicted_tau / round_s``
+      (ties: the smaller budget).
+
+    Example: acceptance ``[0.8]`` (chains only), budgets (1, 2, 4), rounds costing
+    ``1 + 0.1 N`` ms, a 1 ms target step: tau = 1.8, 2.44, 3.36 tokens per 1.1, 1.2,
+    1.4 ms -> 1636, 2033, 2400 tokens/s: N = 4, speedup 2.40x.
+    """
+    budgets = _check_budgets(budgets)
+    max_depth = _check_pos("max_depth", max_depth)
+    if not isinstance(target_step_s, (int, float)) or not np.isfinite(target_step_s) or target_step_s <= 0:
+        raise ValueError(f"target_step_s: expected seconds > 0, got {target_step_s!r}")
+    acc = tuple(float(x) for x in np.asarray(acceptance, np.float64).reshape(-1))
+    rows = []
+    for n in budgets:
+        opt = optimize_tree(acc, n, max_depth)
+        tree = StaticTree.from_parents(opt.parents)
+        cost = round_cost(tree)
+        if not (np.isfinite(cost.round_s) and cost.round_s > 0):
+            raise ValueError(f"round_cost: budget {n}: round_s = {cost.round_s!r}; expected seconds > 0")
+        tps = opt.expected_tokens / cost.round_s
+        rows.append(AutoTreeRow(
+            budget=n, depth=tree.depth, parents=tree.parents, predicted_tau=opt.expected_tokens,
+            verify_s=float(cost.verify_s), round_s=float(cost.round_s), tokens_per_s=tps,
+            speedup=tps * target_step_s,
+        ))
+    best = max(rows, key=lambda r: (r.tokens_per_s, -r.budget))
+    return AutoTreeResult(
+        parents=best.parents, budget=best.budget, predicted_tau=best.predicted_tau,
+        predicted_speedup=best.speedup, tokens_per_s=best.tokens_per_s,
+        target_step_s=float(target_step_s), acceptance=acc, rows=tuple(rows),
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Timing real jitted pieces
+# ----------------------------------------------------------------------------------
+
+
+def _median_seconds(fn: Callable[[int], jax.Array], loops: int, repeats: int) -> float:
+    """Median over ``repeats`` of the wall time of ``fn(i)`` (a jitted loop of ``loops``
+    steps) divided by ``loops``, after one warm-up call that compiles."""
+    jax.block_until_ready(fn(0))
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(i + 1))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / loops
+
+
+def _full_cache(model: Transformer, batch: int, capacity: int, length: int):
+    cache = init_cache(model.config, batch, capacity)
+    return cache.replace(lengths=jnp.full((batch,), length, jnp.int32))
+
+
+def measure_target_step(
+    target: Transformer, *, temperature: float = 1.0, top_k=None, top_p=None,
+    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
+) -> float:
+    """Seconds of one target-only decode step at ``batch_size`` rows: the forward of one
+    token against a KV cache of ``context_len`` slots, the warp and the draw, as in
+    :func:`jaxspec.generate_autoregressive` (jitted ``fori_loop`` of ``loops`` steps,
+    median of ``repeats``)."""
+    check_transformer("target", target)
+    sampling.validate_warp_args(temperature, top_k, top_p)
+    b = _check_pos("batch_size", batch_size)
+    cap = _check_pos("context_len", context_len, 2)
+    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
+    warp = Warp(top_k, top_p)
+    gdef, state = nnx.split(target)
+    length = cap - 1  # the cache as full as it gets; attention runs over all slots anyway
+
+    no_stop = jnp.full((1,), -1, jnp.int32)
+
+    @jax.jit
+    def run(state, key, temp):
+        model = nnx.merge(gdef, state)
+        cache0 = _full_cache(model, b, cap, length)
+        row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
+
+        def body(i, carry):
+            tok, emitted, total = carry  # int32[B]
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
+            tok, cache, emitted = autoregressive_step(model, warp, cache0, tok, emitted, keys, temp, no_stop)
+            return tok, emitted, total + tok.sum()  # cache dropped: every step sees the same fill
+
+        init = (jnp.zeros((b,), jnp.int32), start_emitted(b, loops + 1), jnp.int32(0))
+        return jax.lax.fori_loop(0, loops, body, init)[2]
+
+    return _median_seconds(lambda i: run(state, jax.random.key(i), jnp.float32(temperature)),
+                           loops, repeats)
+
+
+def measure_round_cost(
+    target: Transformer, draft: Transformer, tree, *, scheme: str, temperature: float = 1.0,
+    top_k=None, top_p=None, draft_temperature=None, draft_top_k=None, draft_top_p=None,
+    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
+) -> RoundCost:
+    """Seconds of one speculative round with a static ``tree`` on this device.
+
+    ``round_s``: a jitted ``fori_loop`` of ``loops`` rounds built from the pieces
+    :func:`jaxspec.generate` runs (``propose_static``: one draft forward per depth level
+    and the sibling draws; the target's forward over ``[root] + N`` nodes under the tree
+    mask against a cache of ``context_len`` slots; warps; the acceptance rule vmapped over
+    rows; both cache commits), divided by ``loops``, median of ``repeats``. The caches
+    keep the same length every round, so every round costs the same. ``verify_s``: the
+    target forward alone, timed the same way.
+    """
+    check_transformer("target", target)
+    check_transformer("draft", draft)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    tree = StaticTree.from_parents(tree) if not isinstance(tree, StaticTree) else tree
+    n = tree.num_nodes
+    b = _check_pos("batch_size", batch_size)
+    cap = _check_pos("context_len", context_len, 2)
+    if cap < n + 3:
+        raise ValueError(
+            f"context_len: {cap} cache slots cannot hold a round of {n} nodes; expected >= {n + 3}"
+        )
+    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
+    sampling.validate_warp_args(temperature, top_k, top_p)
+    dt, dk, dp = sampling.draft_warp_args(
+        scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
+    )
+    sampling.validate_warp_args(dt, dk, dp)
+    round_cfg = RoundConfig(tree, scheme, Warp(top_k, top_p), Warp(dk, dp))
+    t_warp = round_cfg.target_warp
+    tdef, tstate = nnx.split(target)
+    ddef, dstate = nnx.split(draft)
+    length = cap - n - 2  # root + N nodes written at slots length .. length + N
+    full_mask = tree.full_mask  # [N + 1, N + 1]
+    depth_full = full_mask.sum(axis=1) - 1  # [N + 1], root 0
+    no_stop = jnp.full((1,), -1, jnp.int32)
+
+    @jax.jit
+    def run_round(tstate, dstate, key, temp, dtemp):
+        tm, dm = nnx.merge(tdef, tstate), nnx.merge(ddef, dstate)
+        tcache0, dcache0 = _full_cache(tm, b, cap, length), _full_cache(dm, b, cap, length)
+        zeros = jnp.zeros((b,), jnp.int32)
+        # room for every token of every round: no row ends, so every round does all its work
+        st0 = RoundState(zeros, zeros, tcache0, dcache0, start_emitted(b, loops * (n + 1) + 1))
+        row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
+
+        def body(i, carry):
+            st, total = carry
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
+            st, res = speculative_round(round_cfg, tm, dm, st, keys, temp, dtemp, no_stop)
+            # back to the same fill: every timed round attends over the same cache
+            st = st._replace(tcache=st.tcache.replace(lengths=tcache0.lengths),
+                             dcache=st.dcache.replace(lengths=dcache0.lengths))
+            return st, total + res.num_tokens.sum()
+
+        return jax.lax.fori_loop(0, loops, body, (st0, jnp.int32(0)))[1]
+
+    @jax.jit
+    def run_verify(tstate, temp):
+        tm = nnx.merge(tdef, tstate)
+        cache0 = _full_cache(tm, b, cap, length)
+        seq0 = jnp.zeros((b, n + 1), jnp.int32)
+        mask = tree_cache_mask(cache0.lengths, full_mask, cap)  # [B, N + 1, S]
+        pos = cache0.lengths[:, None] + jnp.asarray(depth_full, jnp.int32)[None, :]
+
+        def body(i, carry):
+            seq, total = carry
+            logits, _ = tm(seq, pos, cache0, mask)  # [B, N + 1, V]
+            probs = t_warp(logits, temp)
+            return seq + (i % 2), total + probs[:, -1, 0].sum()
+
+        return jax.lax.fori_loop(0, loops, body, (seq0, jnp.float32(0)))[1]
+
+    t, d = jnp.float32(temperature), jnp.float32(dt)
+    round_s = _median_seconds(lambda i: run_round(tstate, dstate, jax.random.key(i), t, d), loops, repeats)
+    verify_s = _median_seconds(lambda i: run_verify(tstate, t), loops, repeats)
+    return RoundCost(verify_s=verify_s, round_s=round_s)
+
+
+# ----------------------------------------------------------------------------------
+# Identity of a measurement, and the on-disk cache
+# ----------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$JAXSPEC_CACHE_DIR`` if set, else ``~/.cache/jaxspec``."""
+    env = os.environ.get("JAXSPEC_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "jaxspec"
+
+
+def _model_fingerprint(model: Transformer) -> str:
+    """sha256 (16 hex digits) of the config and of every parameter's bytes: two models
+    share it only if they compute the same function."""
+    h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        arr = np.asarray(var.get_value())
+        h.update("/".join(map(str, path)).encode())
+        h.update(str((arr.shape, arr.dtype)).encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(target: Transformer, draft: Transformer, settings: dict) -> str:
+    """32 hex digits identifying a measurement: both models' fingerprints (config and
+    weights), the settings (scheme, target and draft warps, budgets, max_depth, batch,
+    context, held-out text digest, ...), the device kind, platform and jax version."""
+    dev = jax.devices()[0]
+    ident = {
+        "version": CACHE_VERSION,
+        "target": _model_fingerprint(target),
+        "draft": _model_fingerprint(draft),
+        "settings": settings,
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _held_out(target: Transformer, held_out_tokens, num_windows: int, window_len: int) -> np.ndarray:
+    """int32[num_windows, window_len] evenly spaced windows of the held-out stream."""
+    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.training.corpus import eval_windows, load_corpus
+
+    v = target.config.vocab_size
+    if held_out_tokens is None:
+        if v != ByteTokenizer().vocab_size:
+            raise ValueError(
+                f"held_out_tokens: required for a vocabulary of {v} tokens; the built-in held-out "
+                f"text (jaxspec.corpus validation split) is byte-level ({ByteTokenizer().vocab_size} tokens)"
+            )
+        stream = load_corpus().val
+    else:
+        stream = np.asarray(held_out_tokens)
+        if stream.ndim != 1 or stream.dtype.kind not in "iu":
+            raise ValueError(
+                f"held_out_tokens: expected a 1-D integer token stream, got shape {stream.shape} "
+                f"dtype {stream.dtype}"
+            )
+        if stream.size < window_len:
+            raise ValueError(
+                f"held_out_tokens: {stream.size} tokens; expected at least window_len = {window_len}"
+            )
+        if stream.min() < 0 or stream.max() >= v:
+            raise ValueError(
+                f"held_out_tokens: expected token ids in [0, {v}), got range [{stream.min()}, {stream.max()}]"
+            )
+    return eval_windows(stream, num_windows, window_len - 1)
+
+
+# ----------------------------------------------------------------------------------
+# The whole measurement
+# ----------------------------------------------------------------------------------
+
+
+def auto_tree(
+    target: Transformer,
+    draft: Transformer,
+    *,
+    scheme: str,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    draft_temperature: float | None = None,
+    draft_top_k: int | None = None,
+    draft_top_p: float | None = None,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    max_depth: int = 8,
+    key=None,
+    held_out_tokens=None,
+    num_windows: int = 32,
+    window_len: int = 128,
+    max_rank: int = 16,
+    num_draws: int = 8,
+    batch_size: int = 1,
+    context_len: int | None = None,
+    loops: int = 8,
+    repeats: int = 5,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    retune: bool = False,
+    progress: bool = True,
+) -> AutoTreeResult:
+    """Measure the pair on this device and choose the static tree of highest predicted
+    tokens/s (see the module docstring for what is measured).
+
+    Args:
+      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      scheme, temperature, top_k, top_p, draft_*: as :func:`jaxspec.generate` (the
+        acceptance vector depends on them).
+      budgets: candidate node counts ``N``.
+      max_depth: the deepest level a tree may have.
+      key: ``jax.random.key`` (required unless ``scheme="deterministic"``).
+      held_out_tokens: a 1-D token stream of held-out text; ``None`` = the validation split
+        of :mod:`jaxspec.corpus` (byte-level vocabularies only).
+      num_windows, window_len: held-out windows for the acceptance measurement.
+      max_rank: sibling ranks measured (capped by the largest budget); later ranks count 0.
+      num_draws: sibling draws per position for the random schemes.
+      batch_size: rows decoded together (the costs are per round of the whole batch).
+      context_len: KV cache slots of the timed forwards; ``None`` = the models'
+        ``max_position_embeddings`` capped at 512 (attention runs over every slot).
+      loops, repeats: each timing is a jitted loop of ``loops`` steps, median of ``repeats``.
+      cache_dir: where results are cached; ``None`` = :func:`default_cache_dir`.
+      use_cache: read and write the cache; ``retune=True`` measures again and overwrites it.
+        A cache entry that cannot be written is a warning on stderr, not an error.
+      progress: a tqdm progress bar on stderr.
+
+    Returns:
+      :class:`AutoTreeResult`.
+
+    Raises:
+      ValueError: naming the argument, for bad models, settings or budgets.
+    """
+    check_transformer("target", target)
+    check_transformer("draft", draft)
+    v = target.config.vocab_size
+    if draft.config.vocab_size != v:
+        raise ValueError(f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    sampling.validate_warp_args(temperature, top_k, top_p)
+    dwarp = sampling.draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature,
+                                     draft_top_k, draft_top_p)
+    try:
+        sampling.validate_warp_args(*dwarp)
+    except ValueError as e:
+        raise ValueError(f"draft_{e}") from None
+    budgets = _check_budgets(budgets)
+    max_depth = _check_pos("max_depth", max_depth)
+    num_draws, key = check_draws(scheme, key, num_draws)  # a key unless deterministic
+    if scheme != "iid" and budgets[-1] > v:
+        raise ValueError(f"budgets: {budgets[-1]} nodes could need more than vocab_size = {v} distinct "
+                         f"siblings under scheme={scheme!r}; expected budgets <= {v}")
+    num_windows = _check_pos("num_windows", num_windows)
+    window_len = _check_pos("window_len", window_len, 2)
+    max_rank = min(_check_pos("max_rank", max_rank), budgets[-1], v)
+    batch_size = _check_pos("batch_size", batch_size)
+    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
+    limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    if window_len > limit:
+        raise ValueError(f"window_len: {window_len} exceeds max_position_embeddings = {limit}")
+    if context_len is None:
+        context_len = min(limit, 512)
+    context_len = _check_pos("context_len", context_len, 2)
+    if context_len > limit or context_len < budgets[-1] + 3:
+        raise ValueError(f"context_len: expected {budgets[-1] + 3} <= context_len <= {limit} "
+                         f"(the largest budget + 3 .. max_position_embeddings), got {context_len}")
+
+    windows = _held_out(target, held_out_tokens, num_windows, window_len)  # int32[W, T]
+    settings = {
+        "scheme": scheme,
+        "target_warp": [float(temperature), top_k, None if top_p is None else float(top_p)],
+        "draft_warp": [float(dwarp[0]), dwarp[1], None if dwarp[2] is None else float(dwarp[2])],
+        "budgets": list(budgets), "max_depth": max_depth, "max_rank": max_rank,
+        "num_draws": num_draws if scheme != "deterministic" else None,
+        "key": None if scheme == "deterministic" else np.asarray(jax.random.key_data(key)).tolist(),
+        "held_out": hashlib.sha256(windows.tobytes()).hexdigest()[:16],
+        "batch_size": batch_size, "context_len": context_len,
+    }
+    path = None
+    if use_cache:
+        folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        path = folder / f"autotree-{cache_key(target, draft, settings)}.json"
+        if path.is_file() and not retune:
+            try:
+                return AutoTreeResult.from_dict(json.loads(path.read_text()), from_cache=True,
+                                                cache_path=str(path))
+            except (ValueError, KeyError, TypeError):  # unreadable entry: measure again
+                pass
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=2 + len(budgets), desc="auto tree", file=sys.stderr, disable=not progress,
+               leave=False)
+    bar.set_postfix_str("acceptance")
+    est = measure_acceptance(
+        target, draft, windows, max_rank=max_rank, scheme=scheme, temperature=temperature,
+        top_k=top_k, top_p=top_p, draft_temperature=draft_temperature, draft_top_k=draft_top_k,
+        draft_top_p=draft_top_p, key=key, num_draws=num_draws,
+        batch_size=8 if scheme == "deterministic" else 2,
+    )
+    bar.update()
+    bar.set_postfix_str("target step")
+    warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    common = dict(batch_size=batch_size, context_len=context_len, loops=loops, repeats=repeats)
+    step = measure_target_step(target, **warp, **common)
+    bar.update()
+
+    def cost(tree: StaticTree) -> RoundCost:
+        bar.set_postfix_str(f"round of {tree.num_nodes} nodes")
+        c = measure_round_cost(target, draft, tree, scheme=scheme, **warp,
+                               draft_temperature=draft_temperature, draft_top_k=draft_top_k,
+                               draft_top_p=draft_top_p, **common)
+        bar.update()
+        return c
+
+    result = tabulate(est.mean, budgets, max_depth, cost, step)
+    bar.close()
+    dev = jax.devices()[0]
+    info = {
+        **settings,
+        "acceptance_stderr": est.stderr.tolist(), "acceptance_positions": est.num_positions,
+        "device": str(dev), "device_kind": dev.device_kind, "jax": jax.__version__,
+        "loops": loops, "repeats": repeats,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    result = dataclasses.replace(result, info=info)
+    if path is not None and not _save(result, path, cache_dir):
+        path = None  # the measurement stands; only the cache entry is missing
+    return dataclasses.replace(result, cache_path=None if path is None else str(path))
+
+
+def _save(result: AutoTreeResult, path: Path, cache_dir) -> bool:
+    """Write the cache entry; on failure warn on stderr (naming where the folder came from)
+    and return False: minutes of measurement are not thrown away for an unwritable cache."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(result.to_dict(), indent=1))
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new entry
+        return True
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if cache_dir is not None:
+            source = "cache_dir"
+        elif os.environ.get("JAXSPEC_CACHE_DIR"):
+            source = f"JAXSPEC_CACHE_DIR={os.environ['JAXSPEC_CACHE_DIR']}"
+        else:
+            source = "the default folder; set JAXSPEC_CACHE_DIR to a writable folder"
+        print(f"auto_tree: warning: cannot write the cache entry {path} ({e.strerror or e}; cache folder "
+              f"from {source}); the measurement is used but not cached", file=sys.stderr)
+        return False
