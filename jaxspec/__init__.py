@@ -6,7 +6,7 @@ Public API (see docs/DESIGN.md §5):
   :func:`tree_paths`, :func:`tree_children`, constructors :func:`chain`,
   :func:`branching`, :func:`from_parents`;
 * the acceptance rule: :func:`speculative_accept` (pure, unbatched; vmap over keys);
-* warps and draft draws: :mod:`jaxspec.sampling`;
+* warps and draft draws: :mod:`jaxspec.core.sampling` (also ``jaxspec.sampling``);
 * models: :class:`ModelConfig`, :func:`init_model`, :func:`forward_logits`,
   :class:`KVCache`, masks and the commit of accepted paths;
 * generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`;
@@ -16,17 +16,17 @@ Public API (see docs/DESIGN.md §5):
 * tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`,
   :func:`branching_widths`; the tree for this device: :func:`auto_tree` (lazy,
   :mod:`jaxspec.tuning.autotree`);
-* statistics for exactness claims: :mod:`jaxspec.stats`.
+* statistics for exactness claims: :mod:`jaxspec.exactness.stats`.
 """
 
 from jaxspec.core import sampling
 from jaxspec.core.acceptance import (
-    SCHEMES,
     AcceptResult,
     accept_probabilities,
     speculative_accept,
 )
 from jaxspec.core.sampling import (
+    SCHEMES,
     draw,
     draw_deterministic,
     draw_iid,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.sampling import inverse_cdf
+from jaxspec.core import numerics
 
 class RefResult(NamedTuple):
     tokens: jax.Array  # int32[N + 1], -1 padded
@@ -33,7 +33,7 @@ MUTANTS = WALK_MUTANTS + ("warp-mismatch",)
 def inverse_cdf(p, u):
     """Token from unnormalized p by inverse CDF with uniform u in [0, 1) (the library's
     primitive, so that reference and library agree token for token for the same key)."""
-    return inverse_cdf(u, p)
+    return numerics.inverse_cdf(u, p)
 
 
 def reference_accept(key, parents, tokens, target_probs, draft_probs, *, scheme, bug=None):

@@ -8,7 +8,8 @@ import pytest
 from _reference import reference_accept, reference_probabilities
 
 import jaxspec
-from jaxspec.core.acceptance import SCHEMES, accept_probabilities, speculative_accept
+from jaxspec.core.acceptance import accept_probabilities, speculative_accept
+from jaxspec.core.sampling import SCHEMES
 
 TREE = [-1, -1, 0, 0, 1, 2]
 

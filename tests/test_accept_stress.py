@@ -58,8 +58,9 @@ import numpy as np
 import pytest
 from _reference import reference_probabilities
 
-from jaxspec.core import sampling
-from jaxspec.core.acceptance import SCHEMES, accept_probabilities, speculative_accept
+from jaxspec.core import numerics, sampling
+from jaxspec.core.acceptance import accept_probabilities, speculative_accept
+from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness.stats import chisquare_gof
 
 VOCABS = (1, 2, 63, 64, 65, 97, 200, 1000, 4099)
@@ -105,9 +106,9 @@ def _tail_cells(v):
     """The cells of the last block the two-level search scans: the tail block when V has
     one (97: 90..96, 4099: 4095..4098), else the last full block; at V <= 64 (one level)
     the last three cells."""
-    if v <= sampling.ONE_LEVEL_MAX_V:
+    if v <= numerics.ONE_LEVEL_MAX_V:
         return np.arange(max(v - 3, 0), v)
-    bs = sampling.block_size(v)
+    bs = numerics.block_size(v)
     nfull, tail = divmod(v, bs)
     return np.arange(nfull * bs, v) if tail else np.arange(v - bs, v)
 

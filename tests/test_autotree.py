@@ -241,7 +241,7 @@ def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(scheme="greedy"), r"scheme: expected one of"),
+        (dict(scheme="greedy"), r"scheme = 'greedy'; expected one of"),
         (dict(budgets=[]), r"budgets: expected a non-empty sequence"),
         (dict(budgets=[0, 2]), r"budgets\[0\] = 0"),
         (dict(budgets=[65]), r"budgets: 65 nodes could need more than vocab_size = 64"),

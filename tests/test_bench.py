@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxspec.bench import BENCHMARKS, benchmark_module, common, run_benchmark
-from jaxspec.cli.main import main
+from jaxspec.cli import main
 
 
 def _positive(x) -> bool:

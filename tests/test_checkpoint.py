@@ -246,7 +246,7 @@ def test_integer_tensor_is_refused(tmp_path):
 
 
 def test_damaged_weights_cli_is_one_line(tmp_path, capsys):
-    from jaxspec.cli.main import main
+    from jaxspec.cli import main
 
     save_model(init_model(_config(), jax.random.key(0)), tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 3)
@@ -393,7 +393,7 @@ def _pair(tmp_path, draft_vocab=40):
 
 
 def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
-    from jaxspec.cli.main import main
+    from jaxspec.cli import main
 
     target, draft = _pair(tmp_path)
     for folder in (target, draft):
@@ -416,7 +416,7 @@ def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
 
 
 def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
-    from jaxspec.cli.main import main
+    from jaxspec.cli import main
 
     target, draft = _pair(tmp_path, draft_vocab=48)
     argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "ab", "--max-new-tokens", "2"]

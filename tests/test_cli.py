@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxspec.cli import main as cli
+from jaxspec import cli
 def test_help(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -70,7 +70,9 @@ def test_model_flags_recompute_head_dim(flags, head_dim):
     from jaxspec.training.train import PRESETS
 
     args = cli.build_parser().parse_args(["train", "--out", "x", "--preset", "tiny", *flags])
-    mc = cli._model_config(args)
+    from jaxspec.cli import train as train_cli
+
+    mc = train_cli._model_config(args)
     assert PRESETS["tiny"].hidden_size == 32 and PRESETS["tiny"].num_attention_heads == 2
     assert mc.head_dim == head_dim == mc.hidden_size // mc.num_attention_heads
 
@@ -92,8 +94,8 @@ def test_output_folders_are_checked_before_training(command, flag, tmp_path, cap
         raise AssertionError("the output folder should have been refused before any work")
 
     for name in ("train", "distill"):
-        monkeypatch.setattr(jaxspec.train, name, never)
-    monkeypatch.setattr(jaxspec.checkpoint, "load_model", never)
+        monkeypatch.setattr(jaxspec.training.train, name, never)
+    monkeypatch.setattr(jaxspec.nn.checkpoint, "load_model", never)
     f = tmp_path / "file"
     f.write_text("")
     ok = str(tmp_path / "run")
@@ -129,18 +131,16 @@ def test_export_out_dir_is_checked(where, tmp_path, capsys):
 
 
 def test_console_entry_point_has_no_traceback():
-    r = subprocess.run([sys.executable, "-m", "jaxspec.cli.main", "distill", "--target", "nope", "--out", "x"],
+    r = subprocess.run([sys.executable, "-m", "jaxspec.cli", "distill", "--target", "nope", "--out", "x"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "jaxspec distill: error: --target: load_model: unknown model 'nope'" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_register_a_command(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_COMMANDS", dict(cli._COMMANDS))
-
+def test_register_a_command(capsys):
     @cli.command("hello", help="say hello")
-    def _hello(p):
+    def hello(p):
         p.add_argument("--name", default="world")
 
         def run(args):
@@ -151,12 +151,14 @@ def test_register_a_command(monkeypatch, capsys):
 
         return run
 
-    assert cli.main(["hello", "--name", "jax"]) == 0
+    commands = (*cli.COMMANDS, hello)
+    assert cli.main(["hello", "--name", "jax"], commands=commands) == 0
     assert capsys.readouterr().out == "hello jax\n"
-    assert cli.main(["hello", "--name", ""]) == 2
+    assert cli.main(["hello", "--name", ""], commands=commands) == 2
     assert capsys.readouterr().err == "jaxspec hello: error: --name: expected a non-empty string\n"
+    assert cli.main(["hello"]) == 2  # not in the default list
     with pytest.raises(ValueError, match="already registered"):
-        cli.command("hello", help="again")(_hello)
+        cli.build_parser((*commands, hello))
 
 
 # The same settings as tests/test_train.py, so that one pytest process compiles each step once.
@@ -192,15 +194,21 @@ def test_train_resume_and_distill_end_to_end(tmp_path, capsys):
     assert "per-token FLOPs" in capsys.readouterr().err
 
 
-def test_command_modules_are_registered_on_import():
+def test_every_command_module_is_listed():
+    """jaxspec.cli.main lists its subcommands explicitly: every module of the package that
+    defines a Command is in COMMANDS, and the names are the documented ones."""
     import importlib
-    from pathlib import Path
+    import pkgutil
 
-    registered = set(cli._COMMANDS)
-    assert {"train", "distill"} <= registered
-    for path in Path(cli.__file__).parent.glob("cli_*.py"):
-        importlib.import_module(f"jaxspec.{path.stem}")  # already imported by jaxspec.cli: no new commands
-    assert set(cli._COMMANDS) == registered
+    import jaxspec.cli as pkg
+
+    listed = {id(c) for c in cli.COMMANDS}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"jaxspec.cli.{info.name}")
+        for value in vars(mod).values():
+            if isinstance(value, cli.Command) and value.__class__ is cli.Command:
+                assert id(value) in listed, f"jaxspec.cli.{info.name}: {value.name} is not in COMMANDS"
+    assert [c.name for c in cli.COMMANDS] == ["train", "distill", "bench", "export", "generate", "verify"]
 
 
 def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypatch):

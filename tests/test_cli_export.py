@@ -4,7 +4,7 @@ OUT_DIR is refused."""
 
 import json
 
-from jaxspec.cli.main import main
+from jaxspec.cli import main
 
 
 def _export(capsys, *argv):

@@ -23,7 +23,6 @@ Examples that another test already runs with the stated result are not repeated 
   ::test_decode_invalid_utf8_is_replaced
 """
 
-import importlib
 import inspect
 import re
 
@@ -50,7 +49,7 @@ from jaxspec.nn.tokenizer import ByteTokenizer
 from jaxspec.core.tree import tree_depths, validate_parents
 from jaxspec.core.treespec import DynamicTree, resolve_tree
 
-gen = importlib.import_module("jaxspec.decode.generate")  # the module (jaxspec.generate is the function)
+from jaxspec.decode import generate as gen
 
 F, T = False, True
 

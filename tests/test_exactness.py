@@ -13,7 +13,6 @@ suite runs 2^14 - 2^15 samples per run; the slow suite the product default of 10
 """
 
 import dataclasses
-import importlib
 import json
 import os
 import subprocess
@@ -35,7 +34,7 @@ from jaxspec.exactness.harness import default_pair, exact_law, expected_acceptan
 from jaxspec.nn.model import forward_logits
 from jaxspec.core.treespec import resolve_tree
 
-gen = importlib.import_module("jaxspec.decode.generate")  # the module (jaxspec.generate may be the function)
+from jaxspec.decode import generate as gen
 
 SMALL = 1 << 14
 MUTANT_SAMPLES = 1 << 15
@@ -237,7 +236,7 @@ def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw):
     def capture(cfg):
         raise _Captured(cfg)
 
-    monkeypatch.setattr(gen, "_compiled", capture)
+    monkeypatch.setattr(gen, "compiled", capture)
     out = []
     for budget in (horizon, 1):
         with pytest.raises(_Captured) as c:
@@ -278,9 +277,9 @@ def test_verify_streams_what_generate_compiles(kw, monkeypatch):
     prompt, horizon = (1, 2, 3), 3
     spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
     seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw)
-    assert seen["spec"] == (spec, gen._spec_impl)
-    assert seen["first"] == (first, gen._spec_impl)
-    assert seen["ar"] == (ar, gen._ar_impl)
+    assert seen["spec"] == (spec, gen.speculative_program)
+    assert seen["first"] == (first, gen.speculative_program)
+    assert seen["ar"] == (ar, gen.autoregressive_program)
     assert hash(seen["spec"][0]) == hash(spec)
     # the comparison can fail: a neighbouring configuration is a different one
     assert spec != first and seen["spec"][0] != dataclasses.replace(spec, capacity=spec.capacity + 1)

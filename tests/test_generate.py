@@ -5,7 +5,6 @@ The statistical exactness of sampling lives in ``test_generate_exactness.py``.
 """
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -16,13 +15,15 @@ from flax import nnx
 
 from jaxspec.core import sampling
 from jaxspec.nn.cache import commit
-from jaxspec.decode.draft import Warp, propose_dynamic, propose_static
+from jaxspec.core.sampling import Warp
+from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.decode.round import RoundParts
 from jaxspec.nn.model import prefill
 from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
 
 # the module itself: once the package re-exports the function ``generate``, the
 # attribute ``jaxspec.generate`` is that function
-gen = importlib.import_module("jaxspec.decode.generate")
+from jaxspec.decode import generate as gen
 
 SCHEMES = sampling.SCHEMES
 V = 8
@@ -130,7 +131,7 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
     ddef, dstate = nnx.split(draft)
     cfg = gen.SpecConfig(
         tdef, ddef, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, 3 + 5 + 4 + 1,
-        gen._Hooks(verify_mask=counting_mask),
+        parts=RoundParts(verify_mask=counting_mask),
     )
     with _CountTraces() as counter:
         for i, (k, p) in enumerate(zip(keys, prompts)):

@@ -22,8 +22,8 @@ cases, slow ones included; the tally is checked below), so each p-value must exc
 1e-3 / NUM_TESTS.
 
 Power: the same tests must reject, with p < 1e-6, decoders broken through ``generate``'s
-internal hooks (the library's configuration from ``build_config`` with the hook of one
-:mod:`jaxspec.mutants` mutant added): a
+public ``parts=`` (the library's round with one part replaced by a
+:mod:`jaxspec.mutants` mutant's): a
 causal triangle over the flattened tree as the verification mask, probability rows indexed
 by depth instead of by parent, and the emitted (bonus/residual) token's K/V written one
 cache slot early, over the last accepted token's. Each is rejected by a wide margin with
@@ -35,21 +35,17 @@ warped target laws: temperature with top-k, temperature with top-p); the remaini
 """
 
 import functools
-import importlib
 
 import jax
 import numpy as np
 import pytest
 from _tiny import exact_joint, tiny_pair
-from flax import nnx
 
 from jaxspec.exactness import mutants
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
 from jaxspec.core.treespec import DynamicTree
 
-# the module itself: once the package re-exports the function ``generate``, the
-# attribute ``jaxspec.generate`` is that function
-gen = importlib.import_module("jaxspec.decode.generate")
+from jaxspec.decode import generate as gen
 
 ALPHA_FAMILY = 1e-3
 NUM_TESTS = 70
@@ -119,16 +115,12 @@ def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, **warp).tokens
 
-    else:  # a broken decoder: the configuration generate compiles, plus the mutant's hook
-        cfg, t_temp, d_temp = gen.build_config(
-            target, draft, prompt_length=len(PROMPT), max_new_tokens=L, tree=tree, scheme=scheme, **warp
-        )
-        cfg, _ = mutants.spec_impl(mutant, cfg)
-        tstate, dstate = nnx.state(target), nnx.state(draft)
-        lens = np.full((CHUNK,), len(PROMPT), np.int32)
+    else:  # a broken decoder: generate with one of the round's parts replaced by the mutant's
+        parts = mutants.round_parts(mutant)
 
         def run(key):
-            return gen.run_compiled(cfg, tstate, dstate, key, prompts, lens, t_temp, d_temp).tokens
+            return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme,
+                                parts=parts, **warp).tokens
 
     return _count(run, seed, num_samples)
 
@@ -239,7 +231,7 @@ def test_exact_law_is_informative():
 # ---------------------------------------------------------------------------------- power
 
 
-# the broken decoders of jaxspec.mutants (the library's own hooks into generate), under
+# the broken decoders of jaxspec.mutants (RoundParts with one part replaced), under
 # this file's names: a causal triangle over the flattened [root] + nodes as the verification
 # mask; node i judged by the row of depth[i] instead of its parent's; the round's commit
 # one token short, so the next round writes the emitted token's K/V one slot early

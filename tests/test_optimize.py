@@ -348,7 +348,7 @@ def test_sum_tolerance_and_parents_validation():
 
 def test_measure_validation(pair):
     target, draft = pair
-    with pytest.raises(ValueError, match="scheme: expected one of"):
+    with pytest.raises(ValueError, match="expected one of iid, without_replacement, deterministic"):
         measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="greedy")
     with pytest.raises(ValueError, match="max_rank: expected an integer >= 1"):
         measure_acceptance(target, draft, WINDOWS, max_rank=0, scheme="deterministic")

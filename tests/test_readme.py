@@ -1,66 +1,154 @@
-"""The README's Python examples run as written (docs that cannot rot)."""
+"""The README's examples run as written and print what the README says (docs that cannot rot).
 
-import pathlib
+Convention for README.md's Python examples:
+
+* every ```` ```python ```` block is a self-contained program (its own imports). It runs on
+  its own, in a fresh interpreter (``sys.executable``), with a temporary folder as the
+  working directory and ``JAX_PLATFORMS=cpu``; it must exit with status 0;
+* the block is followed directly (blank lines allowed, nothing else) by a
+  ```` ```text ```` block: exactly what the program prints on stdout. Lines are compared
+  after stripping trailing whitespace, with doctest's ELLIPSIS rule: ``...`` in the
+  expected text matches any text (for output that is not reproducible, e.g. across
+  backends). Stderr (JAX warnings, progress bars) is not compared. The keys are fixed, so on
+  the CPU backend sampled output is deterministic.
+
+Also: the Quickstart has exactly the two commands ``.ci/run`` relies on, the README has at
+most 200 lines, and every file the docs link to or cite under ``results/`` exists and is
+tracked by git (or about to be: untracked but not ignored).
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_LINES = 200
+
+_BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:[ \t]*\n)*(?:^```text\n(.*?)^```\n)?", re.S | re.M)
 
 
-def test_readme_python_blocks_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 3
-    namespace: dict = {}
-    for block in blocks:  # later blocks reuse names from earlier ones, as a reader would
-        exec(compile(block, str(README), "exec"), namespace)
-    assert int(namespace["out"].lengths[0]) > 0
+def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
+    """``(line number, code, expected stdout or None)`` for each ```python block."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group(1), m.group(2)) for m in _BLOCK.finditer(text)]
+
+
+BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+
+
+def test_block_parser():
+    text = "x\n```python\nprint(1)\n```\n\n```text\n1\n```\n```python\npass\n```\nno output\n"
+    assert python_blocks(text) == [(2, "print(1)\n", "1\n"), (9, "pass\n", None)]
+
+
+def test_readme_has_python_blocks_each_with_its_output():
+    assert len(BLOCKS) >= 5
+    missing = [line for line, _, want in BLOCKS if want is None]
+    assert not missing, f"README.md: the python blocks at lines {missing} have no ```text output block after them"
+
+
+def test_readme_is_short():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_LINES, f"README.md has {len(lines)} lines (at most {MAX_LINES}): move details to docs/"
+
+
+@pytest.mark.parametrize("line, code, want", BLOCKS, ids=[f"line{line}" for line, _, _ in BLOCKS])
+def test_readme_block_prints_what_the_readme_says(line, code, want, tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, f"README.md block at line {line} failed:\n{r.stderr[-4000:]}"
+    got = "\n".join(s.rstrip() for s in r.stdout.splitlines()) + "\n"
+    expected = "\n".join(s.rstrip() for s in (want or "").splitlines()) + "\n"
+    assert doctest.OutputChecker().check_output(expected, got, doctest.ELLIPSIS), (
+        f"README.md block at line {line} printed\n{got}\nbut the README says\n{expected}")
 
 
 def test_quickstart_has_exactly_two_commands():
-    text = README.read_text()
+    text = README.read_text(encoding="utf-8")
     section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     fences = re.findall(r"```bash\n(.*?)```", section, re.S)
     assert len(fences) == 1
     commands = [line for line in fences[0].splitlines() if line.strip()]
     assert len(commands) == 2
-    ci = (README.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert commands[1] in ci  # CI runs the second command verbatim
 
 
-def test_readme_tree_example_prints_what_its_comments_say():
-    """The first block's commented outputs (the 6-node mask, the depths, the size of
-    branching((3, 2, 1))) are what it prints, character for character."""
-    import contextlib
-    import io
+# ---------------------------------------------------------------------------------- files
 
-    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
-    lines = block.splitlines()
-    prints = [line for line in lines if line.startswith("print(")]
-    assert len(prints) == 3
-    # the mask's rows are the comment lines under the first print; the other two prints
-    # carry their output as a trailing comment
-    expected = [line[2:] for line in lines if line.startswith("# ")]
-    expected += [line.rsplit("# ", 1)[1] for line in prints[1:]]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(compile(block, str(README), "exec"), {})
-    assert buf.getvalue().splitlines() == expected
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md",
+        ROOT / "benchmarks" / "results" / "HISTORY.md"]
+
+
+def _committable() -> set[str]:
+    """Tracked files, plus untracked ones git does not ignore (a doc added in the same
+    change as the file it links to); a tracked file deleted from the work tree is out."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    return {f for f in out if (ROOT / f).exists()}
+
+
+def _in_repo(path: str, files: set[str]) -> bool:
+    path = path.rstrip("/")
+    return path in files or any(f.startswith(path + "/") for f in files)
+
+
+def _rel(path: Path) -> str:
+    return path.resolve().relative_to(ROOT).as_posix()
 
 
 def test_cited_result_files_exist():
-    """Every `…results/…` path the READMEs cite as a figure's source is in the repository
-    (a cited file that git ignores or nobody committed would leave a figure untraceable)."""
-    import subprocess
-
-    root = README.parent
-    tracked = set(subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
-                                 check=True).stdout.splitlines())
+    """Every `…results/…` path the docs cite as a figure's source is in the repository (a
+    cited file that git ignores or nobody committed would leave a figure untraceable).
+    A path starting with ``benchmarks/`` is from the repository root, else from the doc's
+    folder (``results/x.json`` in benchmarks/README.md)."""
+    files = _committable()
     cited = []
-    for doc, base in ((README, ""), (root / "benchmarks" / "README.md", "benchmarks/")):
-        for path in re.findall(r"`([^` ]*results/[^` ]*)`", doc.read_text()):
-            if "<" in path or "*" in path:  # a pattern, not a file
+    for doc in DOCS:
+        if not doc.is_file():
+            continue
+        base = doc.parent.resolve().relative_to(ROOT).as_posix()
+        for path in re.findall(r"`([^` ]*results/[^` ]*)`", doc.read_text(encoding="utf-8")):
+            if "<" in path or "*" in path or "DIR" in path:  # a pattern, not a file
                 continue
-            full = path if path.startswith("benchmarks/") else base + path
+            full = path if path.startswith("benchmarks/") else os.path.normpath(f"{base}/{path}")
             cited.append(full)
-            assert any(f == full.rstrip("/") or f.startswith(full.rstrip("/") + "/") for f in tracked), (
-                f"{doc.name} cites {path!r}, which is not a tracked file or folder")
+            assert _in_repo(full, files), f"{_rel(doc)} cites {path!r}, which is not a tracked file or folder"
     assert len(cited) >= 10
+
+
+def test_linked_files_exist():
+    """Every relative markdown link ``[text](path)`` of the docs points to a file or folder
+    of the repository (anchors ``#...`` are dropped; web links are not checked)."""
+    files = _committable()
+    links = 0
+    for doc in DOCS:
+        if not doc.is_file():
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (doc.parent / target.split("#", 1)[0]).resolve()
+            assert path.is_relative_to(ROOT), f"{_rel(doc)} links outside the repository: {target}"
+            links += 1
+            assert path == ROOT or _in_repo(_rel(path), files), (
+                f"{_rel(doc)} links to {target!r}, which is not a tracked file or folder")
+    assert links >= 10
+
+
+def test_readme_links_results_json():
+    """The headline table links each figure to its file under benchmarks/results/."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Headline results", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("|") and not r.startswith("|---")][1:]
+    assert 5 <= len(rows) <= 8, rows
+    for row in rows:
+        assert re.search(r"\]\(benchmarks/results/[^)]+\)", row), f"headline row without a results link: {row}"

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from jaxspec import cli  # registers jaxspec/cli_*.py, so "verify" too
+import jaxspec.exactness.harness
+from jaxspec import cli
 from jaxspec.exactness.mutants import MUTANTS
 
 
@@ -104,7 +105,7 @@ def _no_sampling(monkeypatch):
     def never(*a, **k):
         raise AssertionError("verify should have refused its arguments before sampling")
 
-    monkeypatch.setattr(jaxspec.exactness, "verify", never)
+    monkeypatch.setattr(jaxspec.exactness.harness, "verify", never)
 
 
 @pytest.mark.parametrize("where", ["file", "under a file"])
@@ -128,7 +129,7 @@ def test_failures_exit_2_never_1(exc, capsys, monkeypatch):
     def fail(*a, **k):
         raise exc
 
-    monkeypatch.setattr(jaxspec.exactness, "verify", fail)
+    monkeypatch.setattr(jaxspec.exactness.harness, "verify", fail)
     assert cli.main(["verify", "--no-progress", "--samples", "1000"]) == 2
     err = capsys.readouterr().err
     assert err == f"jaxspec verify: error: {exc}\n"
@@ -250,7 +251,7 @@ def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
         seen.update(k)
         raise RuntimeError("captured")
 
-    monkeypatch.setattr(jaxspec.exactness, "verify", capture)
+    monkeypatch.setattr(jaxspec.exactness.harness, "verify", capture)
     assert cli.main(["verify", "--no-progress", *argv]) == 2
     assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
     assert seen["scheme"] == scheme

@@ -6,7 +6,7 @@ own probability rows ``p, q: float32[batch, N + 1, V]`` and tokens ``int32[batch
 next to, in the same run and taking turns with it (:func:`jaxspec.bench.common.time_calls`):
 
 * the **RNG floor**: merely drawing the same random numbers (the key split, N acceptance
-  uniforms and one residual uniform per round) -- the issue's yardstick;
+  uniforms and one residual uniform per round) -- the yardstick the rule is held to (0.5 of it);
 * the **read floor**: the same random numbers plus one read of a single V-wide target row
   per round, chosen by the uniforms. Every exact rule does at least this much (it emits a
   token from some row's law, which depends on that row of ``p``); when V is large this,

@@ -20,10 +20,10 @@ models in the same run:
   cache commits, the loop), also reported per round (``overhead_ms_per_round``).
 
 The optimized tree: the positional acceptance of the pair is measured per temperature with
-:func:`jaxspec.optimize.measure_acceptance` on held-out windows of
-:func:`jaxspec.corpus.load_corpus` (the validation split, never trained on), under the
+:func:`jaxspec.tuning.optimize.measure_acceptance` on held-out windows of
+:func:`jaxspec.training.corpus.load_corpus` (the validation split, never trained on), under the
 scheme that temperature decodes with (``deterministic`` at 0, ``without_replacement`` at
-1), and :func:`jaxspec.optimize.optimize_tree` builds the best tree with the node budget
+1), and :func:`jaxspec.tuning.optimize.optimize_tree` builds the best tree with the node budget
 and the depth of the static tree it is compared with (``optimized_like``), so both cost
 the same draft forwards and one verification of the same size per round. Every static
 tree's row also carries ``model_tau``, the tau the acceptance model predicts for it.
@@ -90,7 +90,7 @@ TINY_VOCAB = 264  # the byte tokenizer's, so the tiny models read the same promp
 
 @dataclasses.dataclass(frozen=True)
 class DecodeBenchConfig:
-    """runs: ``(batch, trees)`` pairs; a tree is a :func:`~jaxspec.treespec.parse_tree`
+    """runs: ``(batch, trees)`` pairs; a tree is a :func:`~jaxspec.core.treespec.parse_tree`
     spec or ``"optimized"`` (see the module docstring)."""
 
     runs: tuple[tuple[int, tuple[str, ...]], ...]

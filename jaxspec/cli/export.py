@@ -9,7 +9,7 @@
 shards + index) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads
 with the same logits, plus ``generation_config.json`` with the token ids. The byte-level
 tokenizer of the embedded models has no ``tokenizer.json``: encode text as UTF-8 bytes
-(``jaxspec.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
+(``jaxspec.nn.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
 ``tokenizer_config.json`` / ``special_tokens_map.json``) is copied along; those files left in
 ``OUT_DIR`` by an earlier export of another model are removed (listed under ``"removed"``).
 """

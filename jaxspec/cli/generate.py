@@ -16,7 +16,7 @@ models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
 At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
 target); at any temperature the speculative text has exactly the law of target sampling.
 
-``--tree auto`` runs :func:`jaxspec.autotree.auto_tree` for the pair, scheme and warp
+``--tree auto`` runs :func:`jaxspec.tuning.autotree.auto_tree` for the pair, scheme and warp
 (acceptance on held-out text, round costs timed on this device; cached under
 ``$JAXSPEC_CACHE_DIR`` or ``~/.cache/jaxspec``, ``--retune`` measures again), prints the
 table and the chosen tree to stderr (and under ``"auto_tree"`` in ``--json``), then
@@ -57,6 +57,7 @@ def _flag_words(message: str, tree: str | None = None) -> str:
     """A library message in the command line's words: ``scheme='iid'`` -> ``--scheme iid``,
     ``top_k`` -> ``--top-k``, a leading ``tree:`` -> ``--tree SPEC:``, no "None or"."""
     message = re.sub(r"\bscheme\s*=\s*'(\w+)'", r"--scheme \1", message)
+    message = re.sub(r"\brule\s*=\s*'(\w+)'", r"--rule \1", message)
     message = re.sub(r"(?<![\w-])(temperature|top_k|top_p|max_new_tokens)\b",
                      lambda m: _FLAGS[m.group(1)], message)
     message = message.replace("expected None or ", "expected ")
@@ -153,6 +154,8 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         help=f"sibling scheme (default {DEFAULT_SCHEME}; dynamic trees: deterministic, the only "
         "scheme they accept)",
     )
+    p.add_argument("--rule", choices=("token", "block", "traversal"), default="token",
+                   help="verification rule (default token; block: chains only)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, in [0, 2**32) (default 0)")
     p.add_argument("--target", default="default-target", help="target model name or folder")
     p.add_argument("--draft", default="default-draft", help="draft model name or folder")
@@ -193,6 +196,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                                     ("--retune", args.retune or None)) if v is not None]
             if given:
                 raise CLIError(f"{given[0]}: applies only to --tree auto, got --tree {args.tree}")
+        if auto and args.rule != "token":
+            raise CLIError(f"--rule {args.rule}: --tree auto chooses among branching trees, which only "
+                           "--rule token verifies; pass a --tree chain:K with --rule block")
         args.auto_budgets = budgets
         if args.auto_max_depth is None:
             args.auto_max_depth = DEFAULT_AUTO_MAX_DEPTH
@@ -229,7 +235,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
                 else:
                     build_config(target, draft, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
-                                 tree=tree, scheme=args.scheme, temperature=args.temperature,
+                                 tree=tree, scheme=args.scheme, rule=args.rule, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p)
             except ValueError as e:
                 raise CLIError(_flag_words(str(e), args.tree)) from None
@@ -251,7 +257,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         def call():
             if args.baseline:
                 return generate_autoregressive(key, target, [ids], **common)
-            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, **common)
+            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, rule=args.rule, **common)
 
         if not args.json:  # stdout stays pure JSON with --json
             what = "compiling (the timing includes it)" if args.no_warmup else \
@@ -283,6 +289,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "mode": "baseline" if args.baseline else "speculative",
             "tree": None if args.baseline else args.tree,
             "scheme": None if args.baseline else args.scheme,
+            "rule": None if args.baseline else args.rule,
             "temperature": args.temperature,
             "top_k": args.top_k,
             "top_p": args.top_p,
@@ -337,7 +344,7 @@ def _tokenizer(name: str, flag: str):
 def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
     """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
     context of the target (and of the draft): the KV cache holds the prompt, the new
-    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.generate.build_config`).
+    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.decode.generate.build_config`).
     ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
     limits = {"target": target.config.max_position_embeddings}
     if draft is not None:
@@ -400,7 +407,7 @@ def _check_same_tokenizer(tok, dtok, args) -> None:
 
 
 def _auto_tree(args, target, draft, tok, prompt_len: int):
-    """Run (or read from the cache) :func:`jaxspec.autotree.auto_tree`; report to stderr."""
+    """Run (or read from the cache) :func:`jaxspec.tuning.autotree.auto_tree`; report to stderr."""
     import jax
 
     from jaxspec.nn.tokenizer import ByteTokenizer

@@ -12,7 +12,7 @@ the command line.
 Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
 the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
 samples, e.g. a χ² test with every cell pooled into one, or a smallest detectable TV >= 1;
-see :attr:`jaxspec.verify_report.VerifyReport.verdict`), 2 on bad input or any other failure
+see :attr:`jaxspec.exactness.report.VerifyReport.verdict`), 2 on bad input or any other failure
 (an unwritable ``--plots`` folder, a device error): never 1 unless a test rejected.
 """
 
@@ -114,6 +114,8 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--scheme", choices=SCHEMES, default=None,
                    help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
                         "they accept)")
+    g.add_argument("--rule", choices=("token", "block", "traversal"), default="token",
+                   help="verification rule (default: token; block: chains only)")
     g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
     g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")
@@ -182,7 +184,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     try:
         report = verify(
-            target, draft, tree=args.tree, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            target, draft, tree=args.tree, scheme=args.scheme, rule=args.rule, temperature=args.temperature,
+            top_k=args.top_k,
             top_p=args.top_p, draft_temperature=args.draft_temperature, draft_top_k=args.draft_top_k,
             draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,

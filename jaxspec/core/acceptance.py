@@ -13,7 +13,7 @@ Sibling schemes (``q_k`` for the k-th child of a row whose draft law is ``q``):
 * ``"without_replacement"`` — sibling k drawn from ``q`` with the earlier siblings' tokens
   removed and renormalized: that renormalized law is ``q_k`` (in the ratio and in the
   residual). If the earlier siblings exhaust ``q``'s support, sibling k is a deterministic
-  choice and ``q_k`` is a point mass on it (see ``jaxspec.sampling.draw_without_replacement``).
+  choice and ``q_k`` is a point mass on it (see ``jaxspec.core.sampling.draw_without_replacement``).
 * ``"deterministic"`` — fixed candidates: ``q_k`` is a point mass, so accept with ``p(x)``
   and on reject zero ``x`` in ``p`` and renormalize. Duplicates are harmless.
 
@@ -63,7 +63,6 @@ from jaxspec.checks import is_concrete
 from jaxspec.core import tree as _tree
 from jaxspec.core.numerics import accept_ratio, sum_last
 from jaxspec.core.sampling import (
-    SCHEMES,
     array_dtype,
     check_key,
     check_scheme,
@@ -72,7 +71,7 @@ from jaxspec.core.sampling import (
     sample_categorical,
 )
 
-__all__ = ["SCHEMES", "AcceptResult", "speculative_accept", "accept_probabilities"]
+__all__ = ["AcceptResult", "speculative_accept", "accept_probabilities"]
 
 
 class AcceptResult(NamedTuple):
@@ -253,8 +252,7 @@ def _deterministic_accept_static(st, tokens, px):
     node with its d-th earlier sibling for d = 1 .. K - 1 (static indices, a shifted
     slice on breadth-first trees) and the removed mass is one product with the static
     earlier-sibling matrix -- instead of the ``[N, N]`` masked compare and row sum of the
-    general form, which XLA's CPU backend runs as a slow reduction kernel (single-core
-    A/B at V = 32: a deterministic (2, 3) tree's round 17-20% faster at batch 1024 and 4096)."""
+    general form, which XLA's CPU backend runs as a slow reduction kernel."""
     rank = np.asarray(st.rank)
     if rank.max(initial=0) == 0:  # no row has two children: nothing is ever removed
         return jnp.clip(px, 0.0, 1.0)
@@ -691,7 +689,8 @@ def choose_path(st, accept_prob, u):
 def _choose_chain(acc):
     """:func:`choose_path` for the chain ``parents = [-1, 0, 1, ...]``: node ``i`` is on
     the path iff tests ``0..i`` all passed, so the path ends before the first failed test
-    (one min-reduction; 13-33% faster a round than the mask form, single-core A/B)."""
+    (one min-reduction instead of the ancestor and sibling mask reductions of
+    :func:`_choose_by_masks`)."""
     n = acc.shape[0]
     idx = jnp.arange(n, dtype=jnp.int32)
     num_accepted = jnp.min(jnp.where(acc, n, idx)).astype(jnp.int32)
@@ -774,7 +773,7 @@ def _path_walk(st, tokens, P, Q, u, scheme):
     vocabulary (one pass each; without replacement one more per row for the untried draft
     masses), so a round costs at most ``sum_d (K_d - 1)`` of them (K_d: the most children
     of a row at depth d) instead of one per rejected sibling of *every* row -- 8 instead of
-    47 for (4, 3, 4) (11 without replacement, was 16 with a draft-mass pass per rank). Same
+    47 for (4, 3, 4) (11 without replacement: one draft-mass pass per row, not per rank). Same
     uniforms, same laws, same result as the all-rows form (checked in tests/test_accept.py).
 
     Returns ``(num_accepted, last, accepted_nodes int32[N], law, p, q)`` with ``law`` the
@@ -821,8 +820,8 @@ def _path_walk(st, tokens, P, Q, u, scheme):
 
 #: the path walk emits from the rows it already gathered (selected by the stopping depth)
 #: when V is at most this; above it, fetching the emitted row's p and q again is cheaper
-#: than re-reading every depth's rows (measured on one CPU core: at V = 32 batch 4096 gains
-#: 15-30% and batch 1024 3-5%; at V = 32000 carrying lost ~5%)
+#: than re-reading every depth's rows, whose selection grows with D * V (the measurements
+#: behind the threshold are in benchmarks/README.md)
 _CARRY_ROWS_MAX_V = 1024
 
 
@@ -924,7 +923,7 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
             )
 
 
-def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, scheme: str):
+def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, scheme: str, rule="token"):
     """Accept a path of a draft tree and emit ``accepted + 1`` tokens, losslessly.
 
     Args:
@@ -938,6 +937,10 @@ def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, schem
       draft_probs: float32[N + 1, V] draft law the children of each row were drawn from
         (after the same warps, in float32). Rows of leaves are not used.
       scheme: ``"iid"``, ``"without_replacement"`` or ``"deterministic"``.
+      rule: the verification rule: ``"token"`` (token by token, every tree), ``"block"``
+        (block verification, chains), ``"traversal"``, or a function with the signature
+        of :func:`accept_core` (see :mod:`jaxspec.core.rules` for the combinations each
+        built-in rule is proved lossless on; others are refused).
 
     Returns:
       :class:`AcceptResult`. Unbatched and pure: batch with ``jax.vmap`` over split keys.
@@ -955,4 +958,11 @@ def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, schem
     """
     key = check_key(key)
     _check_inputs(parents, tokens, target_probs, draft_probs, scheme)
-    return accept_core(key, parents, tokens, target_probs, draft_probs, scheme)
+    if isinstance(rule, str) and rule == "token":
+        return accept_core(key, parents, tokens, target_probs, draft_probs, scheme)
+    from jaxspec.core import rules  # noqa: PLC0415 (rules imports this module)
+
+    if isinstance(rule, str) and not is_concrete(parents):
+        raise ValueError(f"rule = {rule!r}: needs concrete parents (a static tree); traced parents take rule='token'")
+    fn = rules.check_rule(rule, scheme, parents)
+    return fn(key, parents, tokens, target_probs, draft_probs, scheme)

@@ -31,9 +31,6 @@ def clean(probs):
 #: vocabularies up to this size get a one-level inverse CDF; larger ones two levels
 ONE_LEVEL_MAX_V = 64
 
-#: vocabularies up to this size get a one-level inverse CDF; larger ones two levels
-ONE_LEVEL_MAX_V = 64
-
 
 HIGHEST = lax.Precision.HIGHEST  # exact f32 sums on every backend (no bf16 / TF32 passes)
 
@@ -50,8 +47,8 @@ def prefix_sums(x):
 
 def sum_last(x):
     """Sum over the last axis as a product with a ones vector (``precision=HIGHEST``):
-    XLA's CPU backend runs a fused elementwise-then-reduce over a long row several times
-    slower than materializing it and calling its vectorized matmul."""
+    XLA's CPU backend runs a fused elementwise-then-reduce over a long row slower than
+    materializing it and calling its vectorized matmul."""
     return jnp.matmul(x, np.ones((x.shape[-1],), np.float32), precision=HIGHEST)
 
 
@@ -63,7 +60,7 @@ def first_above(p, cdf, target):
 
     One min-reduction over a key that ranks every qualifying cell (by index) before every
     other positive cell (by reverse index) before the rest -- XLA's CPU backend runs
-    ``argmax`` (a two-operand reduction) several times slower than a plain ``min``.
+    ``argmax`` (a two-operand reduction) slower than a plain ``min``.
     """
     v = p.shape[-1]
     iota = jnp.arange(v, dtype=jnp.int32)

@@ -44,6 +44,7 @@ from jaxspec.checks import is_concrete
 __all__ = [
     "ancestor_mask",
     "full_tree_mask",
+    "static_depths",
     "validate_parents",
     "tree_mask",
     "tree_depths",
@@ -124,6 +125,17 @@ def ancestor_mask(parents):
         if p >= 0:
             mask[j] |= mask[p]
     return mask
+
+
+def static_depths(parents) -> np.ndarray:
+    """``int32[N]`` depth of each node of concrete ``parents`` (1 for children of the
+    root), in O(N) time and memory: trees too large for an N x N mask are measured and
+    refused by their size, not by running out of memory."""
+    par = validate_parents(parents)
+    depth = np.zeros(par.shape[0], np.int32)
+    for j, p in enumerate(par.tolist()):
+        depth[j] = 1 if p < 0 else depth[p] + 1
+    return depth
 
 
 def full_tree_mask(parents):

@@ -18,7 +18,7 @@ Example, ``parents = [-1, 0, -1, 1]`` (node 1 is a child of node 0, node 2 of th
     relabeled parents [-1, -1, 0, 2]   depths [1, 1, 2, 3]   levels [0:2] [2:3] [3:4]
 
 A dynamic tree keeps ``N = num_nodes`` static and makes ``parents`` data (see
-:mod:`jaxspec.generate`); its candidates are fixed choices, so only the
+:mod:`jaxspec.decode.generate`); its candidates are fixed choices, so only the
 ``"deterministic"`` sibling scheme is valid for it.
 """
 
@@ -186,7 +186,7 @@ class DynamicTree:
 
 
 def _depths(par: np.ndarray) -> np.ndarray:
-    return _tree.ancestor_mask(par).sum(axis=1).astype(np.int32)
+    return _tree.static_depths(par)
 
 
 def resolve_tree(tree) -> StaticTree | DynamicTree:
@@ -243,7 +243,7 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
 
     ``"chain:4"`` or ``"4"``, ``"branch:3,2,1"``, ``"parents:-1,0,0,1"``,
     ``"dynamic:depth=4,topk=4,nodes=16"``. Errors name the spec. ``"auto"`` (a tree
-    chosen per device by :func:`jaxspec.autotree.auto_tree`) needs the models, so it is
+    chosen per device by :func:`jaxspec.tuning.autotree.auto_tree`) needs the models, so it is
     refused here with a message saying so.
     """
     if not isinstance(spec, str):

@@ -1,6 +1,6 @@
 """Draft proposal of one speculative round: static trees level by level, dynamic trees
 EAGLE-2 style. Pure functions of (draft model, cache, tokens, keys), traced inside
-:func:`jaxspec.generate.generate`.
+:func:`jaxspec.decode.generate.generate`.
 
 Cache layout of a round for row b (``L = lengths[b]`` committed tokens; the root, the last
 emitted token, is *not* yet in the cache)::
@@ -12,7 +12,7 @@ Both the draft and the target write this layout (static trees: except the deepes
 see below), so one ``commit(offsets=[0] + (accepted_nodes + 1), num=accepted + 1)`` keeps
 the root and the accepted path in both.
 
-Static tree (breadth first, see :mod:`jaxspec.treespec`), ``D`` draft forwards: the
+Static tree (breadth first, see :mod:`jaxspec.core.treespec`), ``D`` draft forwards: the
 first forwards two tokens, ``[prev, root]`` at slots ``L - 1, L`` (``prev`` = the last
 committed token), and draws the root's children; forward ``d`` (``1 <= d < D``) covers
 depth ``d``, whose nodes see the prefix, the root and their own ancestors
@@ -27,7 +27,7 @@ Children are drawn with ``sampling.draw`` under the sibling scheme from the *war
 draft row, and those rows are returned: they are the ``draft_probs`` of the acceptance
 rule.
 
-Dynamic tree (:class:`~jaxspec.treespec.DynamicTree`): forward the root, take its top-k
+Dynamic tree (:class:`~jaxspec.core.treespec.DynamicTree`): forward the root, take its top-k
 tokens; at each further depth forward the top-k frontier nodes (by cumulative draft
 log-probability) into scratch slots ``L + 1 + (d - 1) * topk + i``, each proposing its
 top-k children; keep the best ``num_nodes`` of all candidates (closed under ancestors:
@@ -61,7 +61,7 @@ def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, sc
     """Draft a static tree for every row (``D`` draft forwards for a tree of depth D).
 
     Args:
-      model: the draft :class:`~jaxspec.model.Transformer`.
+      model: the draft :class:`~jaxspec.nn.model.Transformer`.
       cache: draft cache, ``lengths`` = committed tokens ``L`` (root not included); the
         K/V at slot ``L - 1`` may be stale (recomputed here).
       prev: ``int32[B]`` the committed token at slot ``L - 1`` (ignored where ``L == 0``).

@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.checks import is_int
-from jaxspec.core import sampling
+from jaxspec.core import rules, sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree, resolve_tree
 from jaxspec.decode.round import (
@@ -312,6 +312,20 @@ def _check_parts(parts) -> RoundParts:
     return parts
 
 
+def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
+    """``parts`` with the acceptance step of ``rule`` (checked against the scheme and the
+    tree); a rule other than ``"token"`` and a replaced ``parts.accept`` conflict."""
+    accept = rules.check_rule(rule, scheme, spec)
+    if accept is parts.accept or (isinstance(rule, str) and rule == "token"):
+        return parts  # the default rule leaves a replaced parts.accept in place
+    if parts.accept is not RoundParts().accept:
+        raise ValueError(
+            f"rule = {rules.rule_name(rule)!r} and parts.accept = {parts.accept!r}: both replace the "
+            "acceptance step; pass one of them"
+        )
+    return dataclasses.replace(parts, accept=accept)
+
+
 def _check_budget(max_new_tokens) -> int:
     if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected an integer >= 1")
@@ -421,6 +435,7 @@ def generate(
     max_new_tokens: int,
     tree,
     scheme: str = "without_replacement",
+    rule="token",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -436,15 +451,19 @@ def generate(
 
     Args:
       key: ``jax.random.key``; row b uses ``fold_in(key, b)``.
-      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
       prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
         lengths >= 1.
       max_new_tokens: budget per row (>= 1).
       tree: an int k (chain of k), a per-level branching tuple such as ``(3, 2, 1)``, a
-        parents sequence starting with -1, a :class:`~jaxspec.treespec.DynamicTree`, or a
-        string for :func:`~jaxspec.treespec.parse_tree`.
+        parents sequence starting with -1, a :class:`~jaxspec.core.treespec.DynamicTree`, or a
+        string for :func:`~jaxspec.core.treespec.parse_tree`.
       scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
         (dynamic trees: ``"deterministic"`` only).
+      rule: the verification rule, ``"token"``, ``"block"`` (chains) or ``"traversal"``,
+        or a function with the signature of :func:`jaxspec.core.acceptance.accept_core`
+        (:mod:`jaxspec.core.rules` lists the combinations each rule is proved lossless
+        on; the others are refused).
       temperature, top_k, top_p: the target law (temperature, then top-k, then top-p).
       draft_temperature, draft_top_k, draft_top_p: the draft's proposal law. ``None``
         inherits the target's value for the sampling schemes (``iid``,
@@ -471,7 +490,7 @@ def generate(
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, t_temp, d_temp = build_config(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
-        scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+        scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
         on_round=on_round, parts=parts,
     )
@@ -539,6 +558,7 @@ def build_config(
     max_new_tokens: int,
     tree,
     scheme: str = "without_replacement",
+    rule="token",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -555,7 +575,7 @@ def build_config(
     call it, so the harness tests exactly what ``generate`` runs.
 
     Arguments as in :func:`generate`. Returns ``(config, temperature, draft_temperature)``:
-    the temperatures (the draft's resolved by :func:`jaxspec.sampling.draft_warp_args`) are
+    the temperatures (the draft's resolved by :func:`jaxspec.core.sampling.draft_warp_args`) are
     traced arguments of the compiled function, not part of the configuration, so that new
     temperatures do not recompile. Equal arguments give equal (hashable) configurations::
 
@@ -602,7 +622,7 @@ def build_config(
     tdef = nnx.graphdef(target)
     ddef = nnx.graphdef(draft)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
-                     parts=_check_parts(parts), on_round=_check_on_round(on_round))
+                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round))
     return cfg, t_temp, d_temp
 
 

@@ -3,11 +3,11 @@ from the models, never sampled:
 
 * :func:`exact_law`: the law of the first ``L`` tokens sampled after a prompt from the
   warped target, as a prefix tree over its support (one batched
-  :func:`~jaxspec.model.forward_logits` per level, rows warped by
-  :func:`~jaxspec.sampling.warp_probs` and renormalized in float64);
+  :func:`~jaxspec.nn.model.forward_logits` per level, rows warped by
+  :func:`~jaxspec.core.sampling.warp_probs` and renormalized in float64);
 * :func:`expected_acceptance`: the first round's expected accepted nodes per depth, over
   every draft draw of a static tree, with the acceptance rule re-read from docs/DESIGN.md §2 in
-  float64 numpy (independent of :mod:`jaxspec.acceptance`).
+  float64 numpy (independent of :mod:`jaxspec.core.acceptance`).
 
 Cells: token sequences of positive exact probability (``V**L`` of them at most, only
 ``top_k**L`` under a top-k). More than :data:`MAX_CELLS` cells is refused: pass a ``top_k``.
@@ -131,7 +131,7 @@ def exact_law(target: Transformer, prompt: Sequence[int], horizon: int, *, tempe
 
 def _draws(q: np.ndarray, q32: np.ndarray, m: int, scheme: str):
     """Every ordered sibling tuple the draft can draw from row ``q`` with its probability,
-    as :func:`jaxspec.sampling.draw` draws them."""
+    as :func:`jaxspec.core.sampling.draw` draws them."""
     v = q.shape[0]
     if scheme == "deterministic":  # top-m of the float32 row, ties -> lower index
         order = np.lexsort((np.arange(v), -q32))[:m]
@@ -195,15 +195,19 @@ def _num_draws(s: int, m: int, scheme: str) -> int:
 
 def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequence[int], tree: StaticTree,
                         scheme: str, target_warp: dict, draft_warp: dict,
-                        max_terms: int = MAX_ACCEPT_TERMS) -> np.ndarray:
+                        max_terms: int = MAX_ACCEPT_TERMS, rule: str = "token") -> np.ndarray:
     """float64[D]: for the first round after ``prompt``, ``E[accepted nodes at depth d]``
     (= P(the accepted path reaches depth d)), enumerated over every draft draw of the tree.
 
     Independent of the library's acceptance code: the rule is re-read from docs/DESIGN.md §2 in
     float64 numpy; the rows are the models' own warped next-token laws after the prompt
-    plus each drafted path. Raises ``ValueError`` when more than ``max_terms`` draws
-    would be enumerated.
+    plus each drafted path. ``rule="block"`` (chains): block verification, re-read from
+    shared/RULES.md (``P(tau >= d)``, integrated over the uniforms in closed form). Raises
+    ``ValueError`` when more than ``max_terms`` draws would be enumerated, or for a rule
+    this function does not know.
     """
+    if rule not in ("token", "block"):
+        raise ValueError(f"rule = {rule!r}: the exact acceptance is enumerated for 'token' and 'block' only")
     par = np.asarray(tree.parents, np.int64)
     n, depth_max = par.shape[0], tree.depth
     kids = [[] for _ in range(n + 1)]
@@ -243,6 +247,11 @@ def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequenc
         if not level_paths:
             break
 
+    if rule == "block":
+        if not np.array_equal(par, np.arange(-1, n - 1)):
+            raise ValueError("rule = 'block': expected a chain")
+        return _block_expected(laws, depth_max, scheme)
+
     @functools.lru_cache(maxsize=None)
     def e_row(row: int, path: tuple) -> np.ndarray:
         out = np.zeros(depth_max)
@@ -262,3 +271,37 @@ def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequenc
         return out
 
     return e_row(0, ())
+
+
+def _block_expected(laws: dict, g: int, scheme: str) -> np.ndarray:
+    """float64[g]: ``P(tau >= d)`` of block verification on a chain of ``g``, summed over
+    every drafted chain (``laws[path] = (p_i, q_i, raw q_i)`` after each drafted prefix).
+
+    Along a chain: ``w_0 = 1``, ``w_{i+1} = min(1, w_i p_i(x) / q_i(x))``, ``r_i = sum
+    [w_i p_i - q_i]_+`` with ``q_i`` a point mass on the drafted token under
+    ``deterministic``, ``h_i = r_i / (r_i + 1 - w_i)`` (1 when that denominator is 0),
+    ``h_g = w_g``; with independent tests ``tau = max{i : passed}``, so
+    ``P(tau >= d) = 1 - prod_{j >= d} (1 - h_j)``."""
+    out = np.zeros(g)
+
+    def walk(path: tuple, w: float, hs: list, prob: float) -> None:
+        i = len(path)
+        if i == g:
+            h = np.asarray(hs + [w])
+            tail = np.cumprod((1.0 - h)[::-1])[::-1]  # prod_{j >= d} (1 - h_j)
+            out[:] += prob * (1.0 - tail)
+            return
+        p, q, q32 = laws[path]
+        for xs, pr in _draws(q, q32, 1, scheme):
+            x = xs[0]
+            qk = np.eye(q.shape[0])[x] if scheme == "deterministic" else q
+            h_new = hs
+            if i >= 1:
+                r = float(np.maximum(w * p - qk, 0.0).sum())
+                den = r + 1.0 - w
+                h_new = hs + [min(1.0, r / den) if den > 0 else 1.0]
+            w_next = min(1.0, w * p[x] / qk[x]) if qk[x] > 0 else float(w * p[x] > 0)
+            walk(path + (x,), w_next, h_new, prob * pr)
+
+    walk((), 1.0, [], 1.0)
+    return out

@@ -4,7 +4,7 @@ target's law? (docs/DESIGN.md §4.)
 :func:`verify` runs the real decoder (:func:`jaxspec.generate`) on ``S`` copies of one
 prompt (a batch of identical prompts is a batch of independent samples), keeps the first
 ``L`` emitted tokens, and tests them against the **exact** law, enumerated from the
-target's own :func:`~jaxspec.model.forward_logits` and :func:`~jaxspec.sampling.warp_probs`
+target's own :func:`~jaxspec.nn.model.forward_logits` and :func:`~jaxspec.core.sampling.warp_probs`
 over the prefix tree of depth ``L`` of the target's support::
 
     report = verify(tree="branch:2,2", scheme="iid", num_samples=10**6)
@@ -27,7 +27,7 @@ Tests (all fixed before any sample is drawn; family-wise ``alpha`` split by Bonf
 
 Plus the total-variation distance to the exact law with a ``1 - alpha`` upper confidence
 bound and the smallest TV the joint test could have detected
-(:func:`~jaxspec.stats.min_detectable_tv`, power 0.9).
+(:func:`~jaxspec.exactness.stats.min_detectable_tv`, power 0.9).
 
 Power (fixed before any sample is drawn, never tuned on outcomes): a χ² test whose law has
 more than one cell but whose cells were all pooled into one (dof 0: p = 1 whatever the
@@ -40,9 +40,9 @@ Cells: token sequences of positive exact probability (``V**L`` of them at most, 
 ``top_k**L`` under a top-k), plus one "outside the support" cell whose observations are a
 certain rejection. More than :data:`MAX_CELLS` cells is refused: pass a ``top_k``.
 
-Modules: the exact reference values come from :mod:`jaxspec.exact_laws`, the sample
-counts from :mod:`jaxspec.sample_counts`, the report (text, JSON, plots) is
-:mod:`jaxspec.verify_report`; every public name is importable from here too.
+Modules: the exact reference values come from :mod:`jaxspec.exactness.exact_laws`, the sample
+counts from :mod:`jaxspec.exactness.sample_counts`, the report (text, JSON, plots) is
+:mod:`jaxspec.exactness.report`; every public name is importable from here too.
 
 Sampling, streaming and sharding. Samples come in *blocks* of ``chunk_size`` rows; block
 ``g`` of run ``r`` (speculative, target-only, first round) uses the key
@@ -84,6 +84,7 @@ from flax import nnx
 from scipy import stats as _scipy_stats
 
 from jaxspec.checks import is_int
+from jaxspec.core import rules
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.round import RoundParts
@@ -118,7 +119,7 @@ __all__ = [
 ]
 
 #: the default configuration: two siblings per node and two levels, so that every mutant
-#: of :mod:`jaxspec.mutants` has something to break
+#: of :mod:`jaxspec.exactness.mutants` has something to break
 DEFAULT_TREE = "branch:2,2"
 DEFAULT_SCHEME = "iid"
 DEFAULT_PROMPT = (1, 2, 3)
@@ -170,12 +171,12 @@ class _Setup:
 
 
 def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-           draft_temperature, draft_top_k, draft_top_p) -> _Setup:
+           draft_temperature, draft_top_k, draft_top_p, rule="token", parts=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
-    ``prompt``: built, and validated, by their own :func:`jaxspec.generate.build_config`
-    and :func:`~jaxspec.generate.build_ar_config`."""
-    settings = dict(tree=tree, scheme=scheme, temperature=temperature, top_k=top_k, top_p=top_p,
+    ``prompt``: built, and validated, by their own :func:`jaxspec.decode.generate.build_config`
+    and :func:`~jaxspec.decode.generate.build_ar_config`."""
+    settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
     t = len(prompt)
     spec_cfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
@@ -275,6 +276,7 @@ def verify(
     *,
     tree=DEFAULT_TREE,
     scheme: str = DEFAULT_SCHEME,
+    rule="token",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -297,7 +299,11 @@ def verify(
 
     Args:
       target, draft: the model pair (both or neither; default :func:`default_pair`).
-      tree, scheme, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`.
+      tree, scheme, rule, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`.
+        ``rule`` may be a function with the signature of
+        :func:`jaxspec.core.acceptance.accept_core` (your own rule): it is sampled and
+        tested like the built-in ones; its acceptance is observed, not compared with an
+        expectation (the harness enumerates the token and block rules' only).
       prompt: token ids (default :data:`DEFAULT_PROMPT`).
       horizon: ``L``, the number of emitted tokens whose joint law is tested.
       num_samples: ``S`` samples for each run (speculative, target-only, first round).
@@ -305,7 +311,7 @@ def verify(
         on accelerators; at most ``S``); memory grows with it, never with ``S``. The counts
         depend on ``seed`` and ``chunk_size``, not on the number of devices.
       seed: sampling seed (the default models are fixed).
-      mutant: a name in :data:`jaxspec.mutants.MUTANTS`: run a deliberately broken decoder.
+      mutant: a name in :data:`jaxspec.exactness.mutants.MUTANTS`: run a deliberately broken decoder.
       parts: a round with replaced steps (:class:`~jaxspec.decode.round.RoundParts`, as in
         :func:`jaxspec.generate`): test your own verification mask, acceptance rule or
         commit. The acceptance test compares with the token-level rule's exact
@@ -328,6 +334,7 @@ def verify(
     num_samples = _check_count("num_samples", num_samples)
     seed = _check_count("seed", seed, minimum=0)
     stats.check_alpha(alpha, "alpha")
+    user_accept = parts is not None and getattr(parts, "accept", None) is not RoundParts().accept
     if mutant is not None:
         _mutants.check_mutant(mutant)
         if parts is not None:
@@ -335,7 +342,7 @@ def verify(
         parts = _mutants.round_parts(mutant)
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-                   draft_temperature, draft_top_k, draft_top_p)
+                   draft_temperature, draft_top_k, draft_top_p, rule, parts)
     if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
         raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
                          "pass a top_k so that top_k**horizon cells are countable")
@@ -346,11 +353,6 @@ def verify(
     chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
 
     spec_cfg, first_cfg, impl = setup.spec_cfg, setup.first_cfg, gen.speculative_program
-    if parts is not None:
-        if not isinstance(parts, RoundParts):
-            raise ValueError(f"parts = {parts!r}: expected None or a jaxspec.RoundParts")
-        spec_cfg = dataclasses.replace(spec_cfg, parts=parts)
-        first_cfg = dataclasses.replace(first_cfg, parts=parts)
 
     timings = {}
     t0 = time.perf_counter()
@@ -360,13 +362,23 @@ def verify(
 
     # the exact expectations, hence the set of tests, are fixed before any sample is drawn
     acc_exp, acc_note = None, ""
+    rule_label = rules.rule_name(rule)
+    if mutant is not None and _mutants.MUTANT_RULE[mutant] != "token":
+        rule_label = _mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
+        if rules.tree_kind(setup.spec_cfg.tree) != "chain":
+            raise ValueError(f"mutant = {mutant!r}: breaks {rule_label} verification, which runs on chains; "
+                             f"expected a chain tree (e.g. tree='chain:3'), got tree = {tree!r}")
     if check_acceptance and isinstance(setup.spec_cfg.tree, DynamicTree):
         acc_note = "acceptance expectation not enumerated for dynamic trees (observed only)"
+    elif check_acceptance and user_accept:
+        acc_note = "acceptance expectation not enumerated for a replaced acceptance step (observed only)"
+    elif check_acceptance and rule_label not in ("token", "block"):
+        acc_note = f"acceptance expectation not enumerated for rule {rule_label!r} (observed only)"
     elif check_acceptance:
         t0 = time.perf_counter()
         try:
             acc_exp = expected_acceptance(target, draft, prompt, setup.spec_cfg.tree, scheme, setup.target_warp,
-                                          setup.draft_warp)
+                                          setup.draft_warp, rule=rule_label)
         except ValueError as e:
             acc_note = f"acceptance expectation not enumerated: {e}"
         timings["expected_acceptance_s"] = time.perf_counter() - t0
@@ -438,6 +450,7 @@ def verify(
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
         "scheme": scheme,
+        "rule": rules.rule_name(rule),
         "temperature": setup.temperature,
         "top_k": setup.target_warp["top_k"],
         "top_p": setup.target_warp["top_p"],

@@ -3,7 +3,8 @@
 A harness that cannot fail proves nothing (docs/DESIGN.md §4). Each mutant is the real decoder
 of :func:`jaxspec.generate` with exactly one piece replaced by a classic bug of §2, so a
 user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on the main
-decode path: :func:`spec_impl` returns a *separate* configuration and round function.
+decode path: :func:`round_parts` returns a *separate* :class:`~jaxspec.decode.round.RoundParts`,
+leaving the library's own parts untouched.
 
 =====================  ==================================================================
 name                   the bug                                          needs
@@ -50,12 +51,20 @@ from jaxspec.core.acceptance import (
     row_residual,
     tree_structure,
 )
+from jaxspec.core.block import block_emit, block_stop_probabilities, block_weights
 from jaxspec.core.numerics import accept_ratio, inverse_cdf
 from jaxspec.decode.round import RoundParts, commit_path
 
-__all__ = ["MUTANTS", "describe", "round_parts", "check_mutant"]
+__all__ = ["MUTANTS", "MUTANT_RULE", "describe", "round_parts", "check_mutant"]
 
-MUTANTS = ("no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot")
+MUTANTS = (
+    "no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot",
+    "block-unclipped", "block-first-failure", "block-token-residual",
+)
+
+#: the rule each mutant breaks (a block mutant needs a chain; its acceptance is compared
+#: with block verification's exact expectation)
+MUTANT_RULE = {name: ("block" if name.startswith("block-") else "token") for name in MUTANTS}
 
 _DESCRIPTIONS = {
     "no-residual-update": "no residual update between siblings (p is never reduced by a rejected q_k)",
@@ -64,6 +73,9 @@ _DESCRIPTIONS = {
     "reused-uniform": "the residual/bonus draw reuses the last acceptance test's uniform",
     "warp-mismatch": "the rule is handed q at half the temperature its tokens were drawn at (q^2 renormalized)",
     "bonus-kv-slot": "the emitted token's K/V written one cache slot early (the commit keeps one token too few)",
+    "block-unclipped": "block verification with the raw cumulative product of p/q as weights (no clip at each step)",
+    "block-first-failure": "block verification stopping before the first failed test instead of at the last passing one",
+    "block-token-residual": "block verification emitting the token-level residual [p - q]_+ instead of [w p - q]_+",
 }
 
 
@@ -159,6 +171,48 @@ def _commit_one_short(cache, accepted_nodes, num):
     return commit_path(cache, accepted_nodes, jnp.maximum(num - 1, 0))
 
 
+def _block_variant(key, tokens, target_probs, draft_probs, scheme, *, clip=True, last_pass=True, weighted=True):
+    """Block verification with one of its three defining choices undone."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    g = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    key_accept, key_emit = jax.random.split(key)
+    eta = jax.random.uniform(key_accept, (g,), jnp.float32)
+    if clip:
+        w = block_weights(tokens, P, Q, scheme)
+    else:  # w_i = prod_{j <= i} p/q, never clipped (then clipped once, where used as a probability)
+        px = P[jnp.arange(g), tokens]
+        qx = jnp.ones((g,)) if scheme == "deterministic" else Q[jnp.arange(g), tokens]
+        w = jnp.concatenate([jnp.ones((1,)), jnp.cumprod(px / jnp.where(qx > 0, qx, 1.0))])
+    h = block_stop_probabilities(tokens, P, Q, scheme, jnp.minimum(w, 1.0) if not clip else w)
+    h = jnp.where(clip, h, jnp.clip(h, 0.0, 1.0))
+    idx = jnp.arange(1, g + 1, dtype=jnp.int32)
+    passed = eta < h
+    if last_pass:
+        tau = jnp.max(jnp.where(passed, idx, 0))
+    else:  # the number of tests passed before the first failure
+        tau = jnp.min(jnp.where(passed, g, idx - 1))
+    tau = tau.astype(jnp.int32)
+    weight = jnp.minimum(w[tau], 1.0) if weighted else jnp.ones(())
+    return block_emit(key_emit, tokens, P, Q, scheme, tau, weight)
+
+
+def _accept_block_unclipped(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: block verification with unclipped cumulative-product weights."""
+    return _block_variant(key, tokens, target_probs, draft_probs, scheme, clip=False)
+
+
+def _accept_block_first_failure(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: block verification that stops at the first failed test."""
+    return _block_variant(key, tokens, target_probs, draft_probs, scheme, last_pass=False)
+
+
+def _accept_block_token_residual(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: block verification that emits the token-level residual."""
+    return _block_variant(key, tokens, target_probs, draft_probs, scheme, weighted=False)
+
+
 def round_parts(name: str) -> RoundParts:
     """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's
     parts with exactly one replaced (``generate(..., parts=round_parts(name))``)."""
@@ -170,4 +224,7 @@ def round_parts(name: str) -> RoundParts:
         "depth-row": RoundParts(accept=_accept_depth_rows),
         "warp-mismatch": RoundParts(accept=_accept_sharpened_q),
         "bonus-kv-slot": RoundParts(commit=_commit_one_short),
+        "block-unclipped": RoundParts(accept=_accept_block_unclipped),
+        "block-first-failure": RoundParts(accept=_accept_block_first_failure),
+        "block-token-residual": RoundParts(accept=_accept_block_token_residual),
     }[name]

@@ -186,7 +186,7 @@ class VerifyReport:
         every rejected test."""
         c = self.config
         lines = [
-            f"jaxspec verify: tree={c['tree']} scheme={c['scheme']} temperature={c['temperature']} "
+            f"jaxspec verify: tree={c['tree']} scheme={c['scheme']} rule={c.get('rule', 'token')} temperature={c['temperature']} "
             f"top_k={c['top_k']} top_p={c['top_p']} horizon={c['horizon']} prompt={c['prompt']}",
             *([f"  MUTANT={c['mutant']}: {c['mutant_bug']}"] if c.get("mutant") else []),
             f"  {self.num_samples:,} samples per run on {c['devices']} device(s); {self.num_cells} cells; "

@@ -106,8 +106,9 @@ def _replicate(tree, sharding):
 
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
                   chunk: int, devices, progress: bool, desc: str) -> tuple[dict, dict]:
-    """Run ``impl(cfg, *states, ...)`` (a round function of :mod:`jaxspec.generate`, or a
-    mutant's) on ``num_samples`` copies of ``prompt`` and sum the counts of its
+    """Run ``impl(cfg, *states, ...)`` (a program of :mod:`jaxspec.decode.generate`:
+    ``speculative_program``, a mutant's through ``cfg.parts``, or ``autoregressive_program``)
+    on ``num_samples`` copies of ``prompt`` and sum the counts of its
     ``ceil(num_samples / chunk)`` blocks, ``len(devices)`` blocks per step.
 
     ``kind``: ``"spec"`` (speculative: ``joint`` cells of the first ``horizon`` tokens by

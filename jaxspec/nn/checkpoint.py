@@ -28,7 +28,7 @@ Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
     model = load_model("/path/to/hf_folder", dtype="bfloat16")
 
 Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
-to :class:`~jaxspec.config.ModelConfig` keyword arguments); adding a family is one entry:
+to :class:`~jaxspec.nn.config.ModelConfig` keyword arguments); adding a family is one entry:
 
 * ``LlamaForCausalLM`` (``attention_bias`` as configured), tied or untied embeddings;
 * ``Qwen2ForCausalLM`` (biases on q/k/v; ``use_sliding_window`` true is refused unless the

@@ -133,7 +133,7 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     def num_params(self) -> int:
-        """Number of scalar parameters of :class:`jaxspec.model.Transformer`."""
+        """Number of scalar parameters of :class:`jaxspec.nn.model.Transformer`."""
         d, h, kv, hd = self.hidden_size, self.num_attention_heads, self.num_key_value_heads, self.head_dim
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         if self.attention_bias:

@@ -52,10 +52,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 class HFTokenizer(BaseTokenizer):
     """A ``tokenizers.Tokenizer`` with the same small interface as
-    :class:`~jaxspec.tokenizer.ByteTokenizer` (``encode`` / ``decode`` / ``vocab_size`` /
+    :class:`~jaxspec.nn.tokenizer.ByteTokenizer` (``encode`` / ``decode`` / ``vocab_size`` /
     ``bos_id`` / ``eos_id`` / ``pad_id`` / ``is_special``). ``encode(text, add_bos=False,
     add_eos=False)``: ids without the tokenizer's own post-processing specials (see
-    :class:`~jaxspec.tokenizer.BaseTokenizer`)."""
+    :class:`~jaxspec.nn.tokenizer.BaseTokenizer`)."""
 
     def __init__(self, tokenizer, *, bos_id: int | None = None, eos_id: int | None = None,
                  pad_id: int | None = None, source: str = "<memory>"):
@@ -134,7 +134,7 @@ class HFTokenizer(BaseTokenizer):
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     """The tokenizer of a model: :class:`HFTokenizer` when its folder has ``tokenizer.json``;
-    the :class:`~jaxspec.tokenizer.ByteTokenizer` for the embedded models and folders whose
+    the :class:`~jaxspec.nn.tokenizer.ByteTokenizer` for the embedded models and folders whose
     ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes).
     ``FileNotFoundError`` otherwise."""
     from jaxspec.nn.checkpoint import resolve_model_path

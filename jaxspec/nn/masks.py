@@ -1,7 +1,7 @@
 """Attention masks over the KV cache. Masks are *inputs* to the model, never derived in it.
 
 A mask is ``bool[B, T, S]``: new token t of row b may attend to cache slot s. A forward
-writes its T new tokens at slots ``lengths[b] + t`` (see :mod:`jaxspec.cache`), so a
+writes its T new tokens at slots ``lengths[b] + t`` (see :mod:`jaxspec.nn.cache`), so a
 mask row covers the committed prefix (slots ``< lengths[b]``) plus the new tokens.
 
 Example: ``lengths = [2, 1]``, ``S = 6``, the tree ``parents = [-1, -1, 0]`` (nodes 0 and

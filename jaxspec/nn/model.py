@@ -7,7 +7,7 @@ One forward signature serves prefill, one-token decode and tree verification::
     # -> logits float32[B, T, V]; new K/V written at slots cache.lengths[b] + t
 
 The forward writes but never commits: ``cache.lengths`` is unchanged; the caller keeps
-tokens with :func:`jaxspec.cache.advance` (contiguous) or :func:`jaxspec.cache.commit`
+tokens with :func:`jaxspec.nn.cache.advance` (contiguous) or :func:`jaxspec.nn.cache.commit`
 (an accepted tree path). Positions and masks are inputs, never derived here::
 
     # tree verification of N draft nodes (the root = last committed token)

@@ -7,8 +7,8 @@ resumable checkpoints::
 
     result = train(PRESETS["target"], TrainConfig(steps=600, warmup_steps=40), "runs/target")
     # runs/target/checkpoint/{state.safetensors,state.json}  params + opt state + step + data RNG
-    # runs/target/final/{config.json,model.safetensors}      HF Llama layout (checkpoint.save_model)
-    result.history[-1]        # {"step": 600, "val_loss": 1.218, ...}  nats/byte on held-out modules
+    # runs/target/final/{config.json,model.safetensors}      HF Llama layout (jaxspec.save_model)
+    result.history[-1]        # {"step": 600, "val_loss": ..., ...}  nats/byte on held-out modules
 
     target = load_model("runs/target/final")
     result = distill(target, PRESETS["draft"], TrainConfig(steps=300, lr=2e-3, warmup_steps=20), "runs/draft")

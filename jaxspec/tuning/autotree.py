@@ -6,7 +6,7 @@ A bigger tree accepts more per round but costs more per round (the target verifi
 ``N`` nodes). :func:`auto_tree` weighs the two, for each candidate node budget ``N``:
 
 1. the pair's positional acceptance vector, measured on held-out text
-   (:func:`jaxspec.optimize.measure_acceptance`);
+   (:func:`jaxspec.tuning.optimize.measure_acceptance`);
 2. ``tree_N = optimize_tree(acceptance, N, max_depth)`` and its predicted tokens per
    round ``tau_N = expected_accepted + 1``;
 3. the measured wall time of one speculative round with ``tree_N`` on this device:
@@ -32,7 +32,7 @@ Example (the embedded pair; the first call measures, later calls read the cache)
     out = jaxspec.generate(jax.random.key(1), target, draft, [[256, 100]],
                            max_new_tokens=32, tree=res.parents, scheme="deterministic")
 
-The prediction trusts the positional model (see :mod:`jaxspec.optimize`): it ignores
+The prediction trusts the positional model (see :mod:`jaxspec.tuning.optimize`): it ignores
 that acceptances at successive depths are correlated, so measured tau of deep chains
 tends to exceed the prediction a little. Timings on a busy machine are noisy; pass
 ``retune=True`` (``--retune`` on the command line) to measure again.
@@ -57,7 +57,6 @@ from flax import nnx
 
 from jaxspec.checks import is_int
 from jaxspec.core import sampling
-from jaxspec.core.acceptance import SCHEMES
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.round import (
@@ -335,8 +334,7 @@ def measure_round_cost(
     """
     check_transformer("target", target)
     check_transformer("draft", draft)
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    sampling.check_scheme(scheme)
     tree = StaticTree.from_parents(tree) if not isinstance(tree, StaticTree) else tree
     n = tree.num_nodes
     b = _check_pos("batch_size", batch_size)
@@ -452,7 +450,7 @@ def _held_out(target: Transformer, held_out_tokens, num_windows: int, window_len
         if v != ByteTokenizer().vocab_size:
             raise ValueError(
                 f"held_out_tokens: required for a vocabulary of {v} tokens; the built-in held-out "
-                f"text (jaxspec.corpus validation split) is byte-level ({ByteTokenizer().vocab_size} tokens)"
+                f"text (jaxspec.training.corpus validation split) is byte-level ({ByteTokenizer().vocab_size} tokens)"
             )
         stream = load_corpus().val
     else:
@@ -510,14 +508,14 @@ def auto_tree(
     tokens/s (see the module docstring for what is measured).
 
     Args:
-      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
       scheme, temperature, top_k, top_p, draft_*: as :func:`jaxspec.generate` (the
         acceptance vector depends on them).
       budgets: candidate node counts ``N``.
       max_depth: the deepest level a tree may have.
       key: ``jax.random.key`` (required unless ``scheme="deterministic"``).
       held_out_tokens: a 1-D token stream of held-out text; ``None`` = the validation split
-        of :mod:`jaxspec.corpus` (byte-level vocabularies only).
+        of :mod:`jaxspec.training.corpus` (byte-level vocabularies only).
       num_windows, window_len: held-out windows for the acceptance measurement.
       max_rank: sibling ranks measured (capped by the largest budget); later ranks count 0.
       num_draws: sibling draws per position for the random schemes.
@@ -541,8 +539,7 @@ def auto_tree(
     v = target.config.vocab_size
     if draft.config.vocab_size != v:
         raise ValueError(f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}")
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    sampling.check_scheme(scheme)
     sampling.validate_warp_args(temperature, top_k, top_p)
     dwarp = sampling.draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature,
                                      draft_top_k, draft_top_p)

@@ -14,7 +14,7 @@ independent across rows) this is exact; on real text it is the standard approxim
 **The optimizer.** :func:`optimize_tree` maximizes ``E[accepted]`` over ordered trees of
 ``budget`` nodes and depth <= ``max_depth`` by dynamic programming over (depth left,
 sibling rank, nodes left): ``O(max_depth * K * budget^2)`` float64 work, vectorized over
-the node counts (milliseconds for budget 128 and K, max_depth ~ 10).
+the node counts.
 
 Example, ``acceptance = [0.6, 0.2, 0.1]``, ``budget = 6``, ``max_depth = 3``::
 
@@ -57,7 +57,7 @@ from flax import nnx
 from jaxspec.checks import is_int
 from jaxspec.core import sampling
 from jaxspec.core import tree as _tree
-from jaxspec.core.acceptance import SCHEMES, accept_probabilities
+from jaxspec.core.acceptance import accept_probabilities
 from jaxspec.nn.model import forward_logits
 
 __all__ = [
@@ -80,7 +80,7 @@ class OptimizedTree(NamedTuple):
 
     parents:           np.int32[budget], breadth first (each depth level a contiguous
                        block, siblings consecutive and in rank order), valid for
-                       :func:`jaxspec.tree.validate_parents`.
+                       :func:`jaxspec.core.tree.validate_parents`.
     expected_tokens:   predicted tokens per round, ``expected_accepted + 1``.
     expected_accepted: predicted accepted draft nodes per round (the DP optimum).
     """
@@ -275,7 +275,7 @@ def optimize_tree(acceptance, budget: int, max_depth: int) -> OptimizedTree:
 def branching_widths(num_nodes: int, max_depth: int) -> list[tuple[int, ...]]:
     """Every per-level branching ``(b_1, ..., b_d)`` (all ``b_i >= 1``, ``d <= max_depth``)
     with exactly ``num_nodes`` nodes, ``b_1 + b_1 b_2 + ... + b_1 ... b_d``, in
-    lexicographic order: the trees :func:`jaxspec.tree.branching` builds, the usual
+    lexicographic order: the trees :func:`jaxspec.core.tree.branching` builds, the usual
     hand-picked alternatives to :func:`optimize_tree`.
 
     Example: ``branching_widths(6, 3) == [(1, 1, 4), (1, 5), (2, 1, 1), (2, 2), (3, 1), (6,)]``.
@@ -367,8 +367,7 @@ class _Moments:
 
 
 def _check_scheme_rank(scheme, max_rank, v: int) -> int:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme: expected one of {SCHEMES}, got {scheme!r}")
+    sampling.check_scheme(scheme)
     max_rank = _check_positive_int("max_rank", max_rank)
     if scheme != "iid" and max_rank > v:
         raise ValueError(
@@ -405,9 +404,9 @@ def positional_acceptance(
       max_rank: number of sibling ranks to measure (the K of :func:`optimize_tree`).
       scheme: ``"deterministic"`` (siblings = draft top-k, ties by lowest index:
         P(k-th accepted) = p(x_k) exactly), ``"iid"`` or ``"without_replacement"``
-        (siblings drawn with :func:`jaxspec.sampling.draw`; the conditional probability
+        (siblings drawn with :func:`jaxspec.core.sampling.draw`; the conditional probability
         that sibling k is the accepted one given the draws is exact,
-        :func:`jaxspec.acceptance.accept_probabilities`, averaged over ``num_draws``).
+        :func:`jaxspec.core.acceptance.accept_probabilities`, averaged over ``num_draws``).
       key: ``jax.random.key`` (required unless deterministic).
       num_draws: sibling draws per row for the random schemes.
       chunk_size: rows per jitted call (memory ~ chunk_size * num_draws * max_rank * V).
@@ -467,13 +466,13 @@ def measure_acceptance(
 ) -> AcceptanceEstimate:
     """Positional acceptance vector of a target/draft pair on held-out windows.
 
-    Both models run :func:`jaxspec.model.forward_logits` over ``tokens`` (teacher forcing);
+    Both models run :func:`jaxspec.nn.model.forward_logits` over ``tokens`` (teacher forcing);
     the law after every position of every window is one sample row: ``p`` = target warped
     by (temperature, top_k, top_p), ``q`` = draft warped by the draft settings, and
     :func:`positional_acceptance` semantics apply to the B * T rows.
 
     Args:
-      target, draft: :class:`~jaxspec.model.Transformer` with the same vocabulary.
+      target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
       tokens: int[B, T] held-out windows.
       max_rank, scheme, key, num_draws: as :func:`positional_acceptance`.
       temperature, top_k, top_p: the target law.

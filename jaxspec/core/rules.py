@@ -1,0 +1,102 @@
+"""The verification rules and which (rule, scheme, tree) combinations each may take.
+
+A rule is a function with the signature of the token-level rule
+:func:`jaxspec.core.acceptance.accept_core`::
+
+    rule(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
+         draft_probs float32[N + 1, V], scheme: str) -> AcceptResult
+
+for one tree: pure, jit- and vmap-able, no input checks (the caller validated them), with
+the conventions of docs/DESIGN.md §1 (row 0 is the law at the root, row ``i + 1`` the
+law after node i; ``draft_probs[r]`` is the law the children of row ``r`` were drawn from).
+It returns the accepted path and one extra token (:class:`~jaxspec.AcceptResult`).
+
+Built-in rules (``rule=`` takes the name):
+
+=============  ===============================================  =========================
+name           what it does                                     lossless with (proved by
+                                                                exact enumeration, tests/
+                                                                test_rules_enumeration.py)
+=============  ===============================================  =========================
+``token``      token by token from the root (DESIGN §2)         every scheme, every tree
+``block``      block verification of a chain: weights clipped   chains; every scheme
+               at every step, the LAST passing position
+``traversal``  traversal verification, leaf to root             see :data:`SUPPORTED`
+=============  ===============================================  =========================
+
+A user's own function is accepted as ``rule=`` too; it is then the user's claim, which
+:func:`jaxspec.verify` (``rule=``) tests exactly as it tests the built-in rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxspec.core.acceptance import accept_core
+from jaxspec.core.block import block_accept, is_chain
+from jaxspec.core.sampling import SCHEMES
+
+__all__ = ["RULES", "SUPPORTED", "check_rule", "rule_function", "rule_name", "tree_kind"]
+
+RULES = ("token", "block", "traversal")
+
+#: (rule, tree kind) -> the schemes it is proved lossless with. Tree kinds: "chain" (a
+#: static chain), "tree" (any other static tree), "dynamic" (a DynamicTree).
+SUPPORTED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("token", "chain"): SCHEMES,
+    ("token", "tree"): SCHEMES,
+    ("token", "dynamic"): ("deterministic",),
+    ("block", "chain"): SCHEMES,
+}
+
+_FUNCTIONS: dict[str, Callable] = {"token": accept_core, "block": block_accept}
+
+
+def tree_kind(tree) -> str:
+    """"chain", "tree" or "dynamic" for a StaticTree / DynamicTree / concrete parents."""
+    from jaxspec.core.treespec import DynamicTree, StaticTree  # noqa: PLC0415 (treespec imports nothing of this)
+
+    if isinstance(tree, DynamicTree):
+        return "dynamic"
+    parents = tree.parents_array if isinstance(tree, StaticTree) else np.asarray(tree)
+    return "chain" if is_chain(parents) else "tree"
+
+
+def rule_name(rule) -> str:
+    """The name a rule is reported under: its built-in name, or the function's name."""
+    if isinstance(rule, str):
+        return rule
+    return f"custom:{getattr(rule, '__qualname__', getattr(rule, '__name__', repr(rule)))}"
+
+
+def check_rule(rule, scheme: str, tree) -> Callable:
+    """The acceptance function of ``rule`` for this ``scheme`` and ``tree`` (a StaticTree,
+    a DynamicTree or concrete parents); ``ValueError`` naming the argument when the rule
+    is unknown or not proved lossless for the combination. A callable ``rule`` is
+    returned as it is (the caller's claim)."""
+    if callable(rule) and not isinstance(rule, str):
+        return rule
+    if rule not in RULES:
+        raise ValueError(
+            f"rule = {rule!r}: expected one of {', '.join(RULES)} or a function with the signature "
+            "of jaxspec.core.acceptance.accept_core"
+        )
+    kind = tree_kind(tree)
+    schemes = SUPPORTED.get((rule, kind), ())
+    if scheme not in schemes:
+        offered = [f"{k} ({', '.join(s)})" for (r, k), s in SUPPORTED.items() if r == rule]
+        what = {"chain": "a chain", "tree": "a branching static tree", "dynamic": "a dynamic tree"}[kind]
+        raise ValueError(
+            f"rule = {rule!r}: not supported on {what} with scheme = {scheme!r}; rule {rule!r} is lossless "
+            f"on: {'; '.join(offered)}"
+        )
+    return _FUNCTIONS[rule]
+
+
+def rule_function(rule: str) -> Callable:
+    """The function of a built-in rule, without the combination check."""
+    if rule not in _FUNCTIONS:
+        raise ValueError(f"rule = {rule!r}: expected one of {', '.join(_FUNCTIONS)}")
+    return _FUNCTIONS[rule]
