@@ -41,6 +41,7 @@ import numpy as np
 import pytest
 from _tiny import exact_joint, tiny_pair
 
+from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness import mutants
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
 from jaxspec.core.treespec import DynamicTree
@@ -48,7 +49,7 @@ from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 70
+NUM_TESTS = 80
 THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.4e-5
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
@@ -106,14 +107,15 @@ def _autoregressive_counts(warp_key):
     return _count(run, seed=4242 + len(warp_key))
 
 
-def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES):
+def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES, rule="token"):
     target, draft = _pair()
     prompts = _prompts()
     warp = WARPS[warp_key]
     if mutant is None:
 
         def run(key):
-            return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, **warp).tokens
+            return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, rule=rule,
+                                **warp).tokens
 
     else:  # a broken decoder: generate with one of the round's parts replaced by the mutant's
         parts = mutants.round_parts(mutant)
@@ -162,7 +164,8 @@ SLOW_CASES = [
 RAGGED_CASE = ("branch", "without_replacement", "none")
 # p-values compared with THRESH: 5 per case (joint, 3 marginals, two-sample), 4 per ragged
 # group (joint, 3 marginals), one per autoregressive control
-assert 5 * (len(CASES) + len(SLOW_CASES)) + 4 * len(RAGGED) + len(WARPS) <= NUM_TESTS
+BLOCK_CASES = [("chain", "iid", "none"), ("chain", "deterministic", "t0.7_topk3")]
+assert 5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES)) + 4 * len(RAGGED) + len(WARPS) <= NUM_TESTS
 
 
 @pytest.mark.parametrize(
@@ -170,10 +173,18 @@ assert 5 * (len(CASES) + len(SLOW_CASES)) + 4 * len(RAGGED) + len(WARPS) <= NUM_
     CASES + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_CASES],
 )
 def test_generate_matches_exact_target_law(tree, scheme, warp_key):
-    seed = 100 * list(TREES).index(tree) + 10 * gen.SCHEMES.index(scheme) + list(WARPS).index(warp_key)
+    seed = 100 * list(TREES).index(tree) + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed)
     assert counts.sum() == N_SAMPLES
     _check(counts, _exact(warp_key), f"{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+@pytest.mark.parametrize("tree,scheme,warp_key", BLOCK_CASES)
+def test_generate_block_rule_matches_exact_target_law(tree, scheme, warp_key):
+    """generate(rule="block"): the same end-to-end law on the tiny models."""
+    seed = 5000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="block")
+    _check(counts, _exact(warp_key), f"block/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
 
 def test_generate_ragged_batch_matches_each_prompts_law():
