@@ -40,6 +40,7 @@ from jaxspec.cli.common import (
     resolve_scheme,
     seed_int,
 )
+from jaxspec.cli.compile_cache import enable_compilation_cache
 
 __all__ = ["generate_command"]
 
@@ -164,10 +165,16 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--no-warmup", action="store_true",
                    help="generate once, streaming from the start (default: a silent first call compiles, "
                         "then a second, timed call streams; with this flag the timing includes compilation)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE, default "
+                        "~/.cache/jaxspec/compilation; 'off' disables it everywhere)")
 
     def run(args: argparse.Namespace) -> int:
         import jax
         import numpy as np
+
+        if not args.no_compile_cache:
+            enable_compilation_cache()
 
         from jaxspec.core import sampling
         from jaxspec.core.treespec import DynamicTree, parse_tree
@@ -252,7 +259,11 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             common["stop_tokens"] = (tok.eos_id,)  # real models: stop at end of text
 
         stream = _Stream(tok)
-        common["on_round"] = stream  # the same object for both calls: one compilation
+        if not args.json:
+            # the same object for both calls: one compilation. --json prints nothing per
+            # round, and a program with a host callback is never stored in the persistent
+            # compilation cache: without it a second run loads the program from disk
+            common["on_round"] = stream
 
         def call():
             if args.baseline:

@@ -34,6 +34,7 @@ from jaxspec.cli.common import (
     resolve_scheme,
     seed_int,
 )
+from jaxspec.cli.compile_cache import enable_compilation_cache
 
 __all__ = ["verify_command"]
 
@@ -145,8 +146,12 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--json", action="store_true", help="print the report as JSON (instead of the summary)")
     g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--no-compile-cache", action="store_true",
+                   help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE)")
 
     def run(args: argparse.Namespace) -> int:
+        if not args.no_compile_cache:
+            enable_compilation_cache()
         try:
             return _run(args)
         except (OSError, RuntimeError, FloatingPointError) as e:  # exit 1 means "a test rejected"

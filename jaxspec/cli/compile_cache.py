@@ -1,0 +1,51 @@
+"""JAX's persistent compilation cache for the command line: a second ``jaxspec generate``
+or ``jaxspec verify`` with the same configuration loads its compiled programs from disk
+instead of compiling them again.
+
+Where: ``$JAXSPEC_COMPILATION_CACHE`` if set (a folder, or ``off`` to disable), else
+``compilation/`` under the jaxspec cache folder (``$JAXSPEC_CACHE_DIR``, default
+``~/.cache/jaxspec``, the folder auto-tree results go to). ``--no-compile-cache`` on a
+command turns it off for that run. The Python API leaves JAX's settings alone: call
+:func:`enable_compilation_cache` to opt in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["ENV", "compilation_cache_dir", "enable_compilation_cache"]
+
+ENV = "JAXSPEC_COMPILATION_CACHE"
+
+
+def compilation_cache_dir() -> Path | None:
+    """The folder the cache uses, or None when ``$JAXSPEC_COMPILATION_CACHE`` is ``off``."""
+    env = os.environ.get(ENV, "").strip()
+    if env.lower() in ("off", "0", "false", "no", "none"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("JAXSPEC_CACHE_DIR")
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "jaxspec") / "compilation"
+
+
+def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | None:
+    """Point JAX's persistent compilation cache at ``folder`` (default
+    :func:`compilation_cache_dir`) and cache every program, however quick to compile
+    (the speculative loop's pieces each compile fast; together they are seconds).
+    Returns the folder, or None when disabled or when it cannot be created (the run then
+    compiles as usual)."""
+    import jax  # noqa: PLC0415 (the CLI imports jax only when a command runs)
+
+    path = compilation_cache_dir() if folder is None else Path(folder)
+    if path is None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path

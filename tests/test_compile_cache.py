@@ -1,0 +1,62 @@
+"""The command line's persistent compilation cache (jaxspec/cli/compile_cache.py): the first
+run stores its compiled programs, a second identical run finds every one of them (it
+writes no new entry), and the off switches store nothing. Timings are measured in
+benchmarks/, not asserted here."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ARGS = ["generate", "--prompt", "ab", "--max-new-tokens", "8", "--tree", "chain:2", "--no-warmup", "--json"]
+
+
+def _run(env_cache, *extra):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXSPEC_COMPILATION_CACHE=str(env_cache))
+    r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *ARGS, *extra], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _entries(folder):
+    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+
+
+def test_second_run_reuses_every_compiled_program(tmp_path):
+    cache = tmp_path / "xla"
+    first = _run(cache)
+    stored = _entries(cache)
+    assert stored, "the first run stored nothing"
+    second = _run(cache)
+    assert _entries(cache) == stored, "the second run compiled a program the first had stored"
+    assert second["tokens"] == first["tokens"]  # same seed, same program: same tokens
+    print(f"seconds_with_compile: first {first['seconds_with_compile']:.2f}, second "
+          f"{second['seconds_with_compile']:.2f}; {len(stored)} entries")
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_off_switches_store_nothing(tmp_path, how):
+    cache = tmp_path / "xla"
+    if how == "flag":
+        _run(cache, "--no-compile-cache")
+    else:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAXSPEC_COMPILATION_CACHE="off", HOME=str(tmp_path),
+                   JAXSPEC_CACHE_DIR=str(tmp_path / "home-cache"))
+        r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *ARGS], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        assert _entries(tmp_path / "home-cache") == []
+    assert _entries(cache) == []
+
+
+def test_default_folder_is_under_the_jaxspec_cache(monkeypatch, tmp_path):
+    from jaxspec.cli.compile_cache import compilation_cache_dir
+
+    monkeypatch.delenv("JAXSPEC_COMPILATION_CACHE", raising=False)
+    monkeypatch.setenv("JAXSPEC_CACHE_DIR", str(tmp_path))
+    assert compilation_cache_dir() == tmp_path / "compilation"
+    monkeypatch.setenv("JAXSPEC_COMPILATION_CACHE", "OFF")
+    assert compilation_cache_dir() is None
