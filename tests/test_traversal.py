@@ -16,6 +16,7 @@ moves the law by ~1e-8, far below what 2**18 samples resolve.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import _exact_rules as R
 import jax
@@ -296,7 +297,7 @@ def test_emitted_tokens_follow_the_target(tree, scheme):
     t, d = tables("rand0-v3")
     chain = make_speculative_chain(np.asarray(TREES[tree]), t.astype(np.float32), d.astype(np.float32),
                                    scheme=scheme, length=MULTI_ROUND_L, c0=0, accept_fn=traversal_accept)
-    counts, n = count_joint(chain, jax.random.key(11), num_samples=N_SAMPLES // 2, v=3, length=MULTI_ROUND_L)
+    counts, _ = count_joint(chain, jax.random.key(11), num_samples=N_SAMPLES // 2, v=3, length=MULTI_ROUND_L)
     r = chisquare_gof(counts, R.target_law(t, 0, MULTI_ROUND_L).reshape(-1))
     print(f"{MULTI_ROUND_L} tokens, {tree} {scheme}: {r}")
     assert r.pvalue > ALPHA, str(r) + "\n" + r.table()
@@ -346,7 +347,7 @@ def test_jit_vmap_and_static_shapes():
     tok = jnp.asarray([rng.permutation(v)[:n] for _ in range(b)], jnp.int32)  # distinct siblings
     keys = jax.random.split(jax.random.key(0), b)
     for scheme in (IID, WOR, DET):
-        single = lambda k, t, p, q, scheme=scheme: traversal_accept(k, parents, t, p, q, scheme)  # noqa: E731
+        single = lambda k, t, p, q, scheme=scheme: traversal_accept(k, parents, t, p, q, scheme)
         batched = jax.jit(jax.vmap(single))(keys, tok, P, Q)
         if scheme == WOR:
             one = jax.jit(single)
@@ -370,5 +371,5 @@ def test_jit_vmap_and_static_shapes():
             assert np.all(nodes[i, num[i] :] == -1)
             np.testing.assert_array_equal(toks[i, : num[i]], np.asarray(tok)[i, path])
             assert int(batched.last_node[i]) == (path[-1] if num[i] else -1)
-            assert all(parents[c] == a for a, c in zip(path[:-1], path[1:]))
+            assert all(parents[c] == a for a, c in itertools.pairwise(path))
             assert num[i] == 0 or parents[path[0]] == -1

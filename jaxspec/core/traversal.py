@@ -88,16 +88,19 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
     width = st.children.shape[1]
     num_kids = jnp.asarray((st.children >= 0).sum(axis=1).astype(np.int32))  # [N + 1]
     depth = int(np.max(st.depth))
-    prow = np.asarray(st.parent_row)  # [N] the row that judges each node
     sib = _earlier_siblings(st)  # int[N, K - 1] earlier siblings in order, -1 padded
     sib_tok = jnp.where(sib >= 0, tokens[np.maximum(sib, 0)], -1)  # [N, K - 1]
     qx, z, exh = _drawn_at_token(st, sib, sib_tok, tokens, Q, scheme)  # [N] each
+    px = P[np.asarray(st.parent_row), tokens]  # [N] the target row of the parent at the token
     iota = jnp.arange(v, dtype=jnp.int32)
 
-    def walk(mb, alpha, stored, removed):
+    def walk(alpha, known, removed):
         """From the root through first remaining children: (ℓ's row, alpha_ℓ, its parent's
         row, the parent's alpha, the path's nodes per depth int32[D], -1 past ℓ). One
-        gather per depth; once a row has no child left the walk stays there."""
+        gather per depth into [N + 1]-sized state, none into Mb: a node whose alpha is
+        not known yet has a parent that never lost a child (see ``step``), so its parent's
+        Mb is still the target row and ``px`` holds the value it needs. Once a row has no
+        child left the walk stays there."""
         cur = jnp.zeros((), jnp.int32)
         a_cur = jnp.ones((), jnp.float32)
         par, a_par = cur, a_cur
@@ -106,8 +109,7 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
             k = removed[cur]
             has = k < num_kids[cur]
             c = jnp.maximum(children[cur, jnp.minimum(k, width - 1)], 0)
-            a_c = jnp.where(stored[c + 1], alpha[c + 1],
-                            accept_ratio(a_cur * mb[cur, tokens[c]], qx[c]))
+            a_c = jnp.where(known[c + 1], alpha[c + 1], accept_ratio(a_cur * px[c], qx[c]))
             par, a_par = jnp.where(has, cur, par), jnp.where(has, a_cur, a_par)
             cur, a_cur = jnp.where(has, c + 1, cur), jnp.where(has, a_c, a_cur)
             path.append(jnp.where(has, c, -1))
@@ -129,8 +131,8 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
         return jnp.where(exh[node], onehot, renorm)
 
     def step(_, state):
-        mb, alpha, stored, removed, done, fin_row, fin_path = state
-        leaf, a_leaf, u, a_u, path = walk(mb, alpha, stored, removed)
+        mb, alpha, known, removed, done, fin_row, fin_path = state
+        leaf, a_leaf, u, a_u, path = walk(alpha, known, removed)
         node = jnp.maximum(leaf - 1, 0)  # ℓ as a node (meaningless at the root)
         at_root = leaf == 0
         passed = uni[node] < a_leaf
@@ -146,20 +148,30 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
         # ℓ is accepted surely); keep the previous law rather than a zero row
         new_row = jnp.where(reject & (r > 0), zr / jnp.where(r > 0, r, 1.0), row)
         new_alpha = jnp.where(u == 0, 1.0, parent_alpha(r, a_u, qx[node]))
+        # u's next child (if any) is now its first remaining one: its alpha, read off the
+        # new row here, stays valid until it is deleted itself (alpha_u and Mb_u change
+        # only then). Storing it keeps every read of the carried Mb inside this update,
+        # which XLA then does in place (a walk reading Mb would make it copy Mb per step).
+        k_next = removed[u] + 1
+        nxt = jnp.maximum(children[u, jnp.minimum(k_next, width - 1)], 0)
+        has_next = reject & (k_next < num_kids[u])
+        a_next = accept_ratio(new_alpha * new_row[tokens[nxt]], qx[nxt])
         mb = mb.at[u].set(new_row)
         alpha = alpha.at[u].set(jnp.where(reject, new_alpha, alpha[u]))
-        stored = stored.at[u].set(stored[u] | reject)
+        known = known.at[u].set(known[u] | reject)
+        alpha = alpha.at[nxt + 1].set(jnp.where(has_next, a_next, alpha[nxt + 1]))
+        known = known.at[nxt + 1].set(known[nxt + 1] | has_next)
         removed = removed.at[u].add(reject.astype(jnp.int32))
-        return mb, alpha, stored, removed, done | stop, fin_row, fin_path
+        return mb, alpha, known, removed, done | stop, fin_row, fin_path
 
     init = (
         P,  # Mb [N + 1, V]
-        jnp.ones((n + 1,), jnp.float32),  # alpha, meaningful where stored
-        jnp.zeros((n + 1,), jnp.bool_).at[0].set(True),  # stored: the root, alpha 1
-        jnp.zeros((n + 1,), jnp.int32),  # removed children per row
+        jnp.ones((n + 1,), jnp.float32),  # alpha [N + 1], meaningful where known
+        jnp.zeros((n + 1,), jnp.bool_).at[0].set(True),  # known [N + 1]: the root, alpha 1
+        jnp.zeros((n + 1,), jnp.int32),  # removed children per row [N + 1]
         jnp.zeros((), jnp.bool_),  # done
         jnp.zeros((), jnp.int32),  # the row emitted from: the root unless a test passes
-        jnp.full((depth,), -1, jnp.int32),  # the accepted path per depth
+        jnp.full((depth,), -1, jnp.int32),  # the accepted path per depth [D]
     )
     # N steps: each stops or deletes one node; a lane still running after N deletions has
     # only the root left, which init already names as the row to emit from
