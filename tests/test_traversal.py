@@ -105,7 +105,7 @@ def _mutant_alpha(r, alpha_u, qx):
 
 def mutant_accept(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
     """Traversal verification with the mutant's parent update, everything else the same."""
-    return traversal._traversal(key, parents, tokens, target_probs, draft_probs, scheme, _mutant_alpha)
+    return traversal.traversal_with_update(key, parents, tokens, target_probs, draft_probs, scheme, _mutant_alpha)
 
 
 # --------------------------------------------------------------------------- sampling rounds

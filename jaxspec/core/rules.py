@@ -21,7 +21,8 @@ name           what it does                                     lossless with (p
 ``token``      token by token from the root (DESIGN §2)         every scheme, every tree
 ``block``      block verification of a chain: weights clipped   chains; every scheme
                at every step, the LAST passing position
-``traversal``  traversal verification, leaf to root             see :data:`SUPPORTED`
+``traversal``  traversal verification, leaf to root (on a       static chains and trees;
+               chain it is block verification)                  every scheme
 =============  ===============================================  =========================
 
 A user's own function is accepted as ``rule=`` too; it is then the user's claim, which
@@ -37,6 +38,7 @@ import numpy as np
 from jaxspec.core.acceptance import accept_core
 from jaxspec.core.block import block_accept, is_chain
 from jaxspec.core.sampling import SCHEMES
+from jaxspec.core.traversal import traversal_accept
 
 __all__ = ["RULES", "SUPPORTED", "check_rule", "rule_function", "rule_name", "tree_kind"]
 
@@ -49,9 +51,11 @@ SUPPORTED: dict[tuple[str, str], tuple[str, ...]] = {
     ("token", "tree"): SCHEMES,
     ("token", "dynamic"): ("deterministic",),
     ("block", "chain"): SCHEMES,
+    ("traversal", "chain"): SCHEMES,
+    ("traversal", "tree"): SCHEMES,
 }
 
-_FUNCTIONS: dict[str, Callable] = {"token": accept_core, "block": block_accept}
+_FUNCTIONS: dict[str, Callable] = {"token": accept_core, "block": block_accept, "traversal": traversal_accept}
 
 
 def tree_kind(tree) -> str:

@@ -25,12 +25,17 @@ tokens, renormalized, without replacement; a point mass for deterministic). Repe
 A stored alpha never goes stale: a row is stored only while on the current path, and its
 ancestors change only when a path child of theirs is rejected, which deletes the subtree
 holding it. Every other alpha depends only on its parent's (unchanged) alpha and Mb, so each
-step recomputes just the alphas of the new path.
+step needs just the alphas of the new path. Here the alpha of a row's next child is also
+stored when its previous sibling is rejected (from the new alpha_u and Mb_u; both stay
+fixed until that child is deleted). A node whose alpha is not stored then has a parent that
+never lost a child, whose Mb is still its target row: the walk reads ``P`` at the node's
+token, precomputed, and never the carried ``Mb``.
 
 Branch-free: ``N`` masked steps (a ``lax.fori_loop``; each deletes one node or stops, and
-after ``N`` deletions only the root is left), each a static walk over the depths (one gather
-per depth, no vocabulary pass) and one fused pass over the vocabulary on the parent's row
-(form ``q_k``, ``z``, ``r``; write ``Mb_u``). The emitted row is read once more to sample.
+after ``N`` deletions only the root is left), each a static walk over the depths (a few
+scalar gathers per depth into ``[N + 1]``-sized state, no vocabulary pass) and one fused
+pass over the vocabulary on the parent's row (form ``q_k``, ``z``, ``r``; write ``Mb_u`` in
+place): ``O(V + N)`` a step. The emitted row is read once more to sample.
 ``q_k`` is rebuilt on demand from ``Q[u]`` and the earlier siblings' tokens, never stored
 per sibling; without replacement the masses it is normalized by come from one pass per row
 with >= 2 children, made up front (they depend on the tokens only). The randomness follows
@@ -48,7 +53,7 @@ from jaxspec.core.acceptance import AcceptResult, accept_result, tree_structure
 from jaxspec.core.numerics import HIGHEST, accept_ratio, sum_last
 from jaxspec.core.sampling import sample_categorical
 
-__all__ = ["traversal_accept"]
+__all__ = ["traversal_accept", "traversal_with_update", "parent_alpha"]
 
 
 def traversal_accept(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
@@ -57,10 +62,10 @@ def traversal_accept(key, parents, tokens, target_probs, draft_probs, scheme) ->
     input checks): ``target_probs[N + 1, V]`` row 0 at the root, row ``i + 1`` after node
     i; ``draft_probs[r]`` the law the children of row r were drawn from under ``scheme``
     (``"iid"``, ``"without_replacement"`` or ``"deterministic"``)."""
-    return _traversal(key, parents, tokens, target_probs, draft_probs, scheme, _parent_alpha)
+    return traversal_with_update(key, parents, tokens, target_probs, draft_probs, scheme, parent_alpha)
 
 
-def _parent_alpha(r, alpha_u, qx):
+def parent_alpha(r, alpha_u, qx):
     """The parent's new weight once its path child is rejected: ``r / (r + (1 - alpha_u))``.
 
     The denominator keeps ``1 - alpha_u`` whole: ``(r + 1) - alpha_u`` would round ``r``
@@ -72,7 +77,7 @@ def _parent_alpha(r, alpha_u, qx):
     return jnp.where(den > 0, jnp.minimum(r / jnp.where(den > 0, den, 1.0), 1.0), 1.0)
 
 
-def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_alpha):
+def traversal_with_update(key, parents, tokens, target_probs, draft_probs, scheme, parent_alpha):
     """:func:`traversal_accept` with the parent update ``parent_alpha(r, alpha_u, q_k(x))``
     as an argument (the tests swap in a mutant; not part of the public signature)."""
     st = tree_structure(parents)  # numpy: parents are concrete
@@ -94,11 +99,11 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
     px = P[np.asarray(st.parent_row), tokens]  # [N] the target row of the parent at the token
     iota = jnp.arange(v, dtype=jnp.int32)
 
-    def walk(alpha, known, removed):
+    def walk(alpha, stored, removed):
         """From the root through first remaining children: (ℓ's row, alpha_ℓ, its parent's
         row, the parent's alpha, the path's nodes per depth int32[D], -1 past ℓ). One
         gather per depth into [N + 1]-sized state, none into Mb: a node whose alpha is
-        not known yet has a parent that never lost a child (see ``step``), so its parent's
+        not stored yet has a parent that never lost a child (see ``step``), so its parent's
         Mb is still the target row and ``px`` holds the value it needs. Once a row has no
         child left the walk stays there."""
         cur = jnp.zeros((), jnp.int32)
@@ -109,7 +114,7 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
             k = removed[cur]
             has = k < num_kids[cur]
             c = jnp.maximum(children[cur, jnp.minimum(k, width - 1)], 0)
-            a_c = jnp.where(known[c + 1], alpha[c + 1], accept_ratio(a_cur * px[c], qx[c]))
+            a_c = jnp.where(stored[c + 1], alpha[c + 1], accept_ratio(a_cur * px[c], qx[c]))
             par, a_par = jnp.where(has, cur, par), jnp.where(has, a_cur, a_par)
             cur, a_cur = jnp.where(has, c + 1, cur), jnp.where(has, a_c, a_cur)
             path.append(jnp.where(has, c, -1))
@@ -131,8 +136,8 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
         return jnp.where(exh[node], onehot, renorm)
 
     def step(_, state):
-        mb, alpha, known, removed, done, fin_row, fin_path = state
-        leaf, a_leaf, u, a_u, path = walk(alpha, known, removed)
+        mb, alpha, stored, removed, done, fin_row, fin_path = state
+        leaf, a_leaf, u, a_u, path = walk(alpha, stored, removed)
         node = jnp.maximum(leaf - 1, 0)  # ℓ as a node (meaningless at the root)
         at_root = leaf == 0
         passed = uni[node] < a_leaf
@@ -148,26 +153,28 @@ def _traversal(key, parents, tokens, target_probs, draft_probs, scheme, parent_a
         # ℓ is accepted surely); keep the previous law rather than a zero row
         new_row = jnp.where(reject & (r > 0), zr / jnp.where(r > 0, r, 1.0), row)
         new_alpha = jnp.where(u == 0, 1.0, parent_alpha(r, a_u, qx[node]))
-        # u's next child (if any) is now its first remaining one: its alpha, read off the
-        # new row here, stays valid until it is deleted itself (alpha_u and Mb_u change
-        # only then). Storing it keeps every read of the carried Mb inside this update,
-        # which XLA then does in place (a walk reading Mb would make it copy Mb per step).
+        # u's next child (if any) is now its first remaining one: its alpha, from the new
+        # alpha_u and Mb_u, is stored now and stays valid until it is deleted itself (u's
+        # alpha and Mb change only then). So the walk never reads Mb, and the one scalar
+        # read here comes after the row is written: every read of the carried Mb then
+        # precedes its update, which XLA does in place (a read of the old buffer that the
+        # update does not wait on makes it copy the whole of Mb every step).
         k_next = removed[u] + 1
         nxt = jnp.maximum(children[u, jnp.minimum(k_next, width - 1)], 0)
         has_next = reject & (k_next < num_kids[u])
-        a_next = accept_ratio(new_alpha * new_row[tokens[nxt]], qx[nxt])
         mb = mb.at[u].set(new_row)
+        a_next = accept_ratio(new_alpha * mb[u, tokens[nxt]], qx[nxt])  # the new row
         alpha = alpha.at[u].set(jnp.where(reject, new_alpha, alpha[u]))
-        known = known.at[u].set(known[u] | reject)
+        stored = stored.at[u].set(stored[u] | reject)
         alpha = alpha.at[nxt + 1].set(jnp.where(has_next, a_next, alpha[nxt + 1]))
-        known = known.at[nxt + 1].set(known[nxt + 1] | has_next)
+        stored = stored.at[nxt + 1].set(stored[nxt + 1] | has_next)
         removed = removed.at[u].add(reject.astype(jnp.int32))
-        return mb, alpha, known, removed, done | stop, fin_row, fin_path
+        return mb, alpha, stored, removed, done | stop, fin_row, fin_path
 
     init = (
         P,  # Mb [N + 1, V]
-        jnp.ones((n + 1,), jnp.float32),  # alpha [N + 1], meaningful where known
-        jnp.zeros((n + 1,), jnp.bool_).at[0].set(True),  # known [N + 1]: the root, alpha 1
+        jnp.ones((n + 1,), jnp.float32),  # alpha [N + 1], meaningful where stored
+        jnp.zeros((n + 1,), jnp.bool_).at[0].set(True),  # stored [N + 1]: the root, alpha 1
         jnp.zeros((n + 1,), jnp.int32),  # removed children per row [N + 1]
         jnp.zeros((), jnp.bool_),  # done
         jnp.zeros((), jnp.int32),  # the row emitted from: the root unless a test passes

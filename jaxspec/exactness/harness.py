@@ -365,9 +365,10 @@ def verify(
     rule_label = rules.rule_name(rule)
     if mutant is not None and _mutants.MUTANT_RULE[mutant] != "token":
         rule_label = _mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
-        if rules.tree_kind(setup.spec_cfg.tree) != "chain":
-            raise ValueError(f"mutant = {mutant!r}: breaks {rule_label} verification, which runs on chains; "
-                             f"expected a chain tree (e.g. tree='chain:3'), got tree = {tree!r}")
+        kinds = ("chain",) if rule_label == "block" else ("chain", "tree")
+        if rules.tree_kind(setup.spec_cfg.tree) not in kinds:
+            raise ValueError(f"mutant = {mutant!r}: breaks {rule_label} verification, which runs on "
+                             f"{' and '.join(k + 's' for k in kinds)} only, got tree = {tree!r}")
     if check_acceptance and isinstance(setup.spec_cfg.tree, DynamicTree):
         acc_note = "acceptance expectation not enumerated for dynamic trees (observed only)"
     elif check_acceptance and user_accept:

@@ -53,18 +53,19 @@ from jaxspec.core.acceptance import (
 )
 from jaxspec.core.block import block_emit, block_stop_probabilities, block_weights
 from jaxspec.core.numerics import accept_ratio, inverse_cdf
+from jaxspec.core.traversal import traversal_with_update
 from jaxspec.decode.round import RoundParts, commit_path
 
 __all__ = ["MUTANTS", "MUTANT_RULE", "describe", "round_parts", "check_mutant"]
 
 MUTANTS = (
     "no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot",
-    "block-unclipped", "block-first-failure", "block-token-residual",
+    "block-unclipped", "block-first-failure", "block-token-residual", "traversal-parent-update",
 )
 
 #: the rule each mutant breaks (a block mutant needs a chain; its acceptance is compared
 #: with block verification's exact expectation)
-MUTANT_RULE = {name: ("block" if name.startswith("block-") else "token") for name in MUTANTS}
+MUTANT_RULE = {name: name.split("-")[0] if name.startswith(("block-", "traversal-")) else "token" for name in MUTANTS}
 
 _DESCRIPTIONS = {
     "no-residual-update": "no residual update between siblings (p is never reduced by a rejected q_k)",
@@ -76,6 +77,7 @@ _DESCRIPTIONS = {
     "block-unclipped": "block verification with the raw cumulative product of p/q as weights (no clip at each step)",
     "block-first-failure": "block verification stopping before the first failed test instead of at the last passing one",
     "block-token-residual": "block verification emitting the token-level residual [p - q]_+ instead of [w p - q]_+",
+    "traversal-parent-update": "traversal verification with the parent update alpha <- min(r / (1 - Ms(x)), 1)",
 }
 
 
@@ -213,6 +215,17 @@ def _accept_block_token_residual(key, parents, tokens, target_probs, draft_probs
     return _block_variant(key, tokens, target_probs, draft_probs, scheme, weighted=False)
 
 
+def _mutant_parent_alpha(r, alpha_u, qx):
+    """The parent update ``alpha_u <- min(r / (1 - Ms_u(x)), 1)`` (not lossless)."""
+    den = 1.0 - qx
+    return jnp.where(den > 0, jnp.minimum(r / jnp.where(den > 0, den, 1.0), 1.0), 1.0)
+
+
+def _accept_traversal_parent_update(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: traversal verification with the wrong parent update."""
+    return traversal_with_update(key, parents, tokens, target_probs, draft_probs, scheme, _mutant_parent_alpha)
+
+
 def round_parts(name: str) -> RoundParts:
     """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's
     parts with exactly one replaced (``generate(..., parts=round_parts(name))``)."""
@@ -227,4 +240,5 @@ def round_parts(name: str) -> RoundParts:
         "block-unclipped": RoundParts(accept=_accept_block_unclipped),
         "block-first-failure": RoundParts(accept=_accept_block_first_failure),
         "block-token-residual": RoundParts(accept=_accept_block_token_residual),
+        "traversal-parent-update": RoundParts(accept=_accept_traversal_parent_update),
     }[name]
