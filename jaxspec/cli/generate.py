@@ -129,6 +129,8 @@ class _Stream:
 
 @command("generate", help="generate text with tree speculative decoding")
 def generate_command(p: argparse.ArgumentParser) -> Handler:
+    from jaxspec.core.rules import RULES
+
     p.add_argument("--prompt", required=True, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
     p.add_argument("--max-new-tokens", type=_int, default=128, help="token budget (default 128)")
     p.add_argument(
@@ -155,8 +157,8 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         help=f"sibling scheme (default {DEFAULT_SCHEME}; dynamic trees: deterministic, the only "
         "scheme they accept)",
     )
-    p.add_argument("--rule", choices=("token", "block", "traversal"), default="token",
-                   help="verification rule (default token; block: chains only)")
+    p.add_argument("--rule", choices=RULES, default="token",
+                   help="verification rule (default token; block: chains; traversal: static trees)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, in [0, 2**32) (default 0)")
     p.add_argument("--target", default="default-target", help="target model name or folder")
     p.add_argument("--draft", default="default-draft", help="draft model name or folder")

@@ -98,6 +98,7 @@ def _parse_prompt(text: str | None, vocab_size: int):
 
 @command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)")
 def verify_command(p: argparse.ArgumentParser) -> Handler:
+    from jaxspec.core.rules import RULES
     from jaxspec.core.sampling import SCHEMES
     from jaxspec.exactness.harness import DEFAULT_SCHEME, DEFAULT_TREE
     from jaxspec.exactness.mutants import MUTANTS
@@ -115,8 +116,8 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--scheme", choices=SCHEMES, default=None,
                    help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
                         "they accept)")
-    g.add_argument("--rule", choices=("token", "block", "traversal"), default="token",
-                   help="verification rule (default: token; block: chains only)")
+    g.add_argument("--rule", choices=RULES, default="token",
+                   help="verification rule (default: token; block: chains; traversal: static trees)")
     g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
     g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.checks import is_concrete
-from jaxspec.core import tree as _tree
+from jaxspec.core import tree as treelib
 from jaxspec.core.numerics import accept_ratio, sum_last
 from jaxspec.core.sampling import (
     array_dtype,
@@ -112,7 +112,7 @@ class TreeStructure(NamedTuple):
 
 def tree_structure(parents) -> TreeStructure:
     if is_concrete(parents):
-        par = _tree.validate_parents(parents)
+        par = treelib.validate_parents(parents)
         n = par.shape[0]
         counts = np.bincount(par + 1, minlength=n + 1)
         k = int(counts.max()) if n else 0
@@ -124,7 +124,7 @@ def tree_structure(parents) -> TreeStructure:
         rows = tuple(np.flatnonzero(counts > r).astype(np.int32) for r in range(k))
         idx = np.arange(n)
         earlier = (par[None, :] == par[:, None]) & (idx[None, :] < idx[:, None])
-        mask = _tree.ancestor_mask(par)  # numpy: a constant under jit
+        mask = treelib.ancestor_mask(par)  # numpy: a constant under jit
         depth = mask.sum(axis=1).astype(np.int32)
         rank = earlier.sum(axis=1).astype(np.int32)
         return TreeStructure(children, rows, earlier, mask, depth, par + 1, rank)
@@ -132,9 +132,9 @@ def tree_structure(parents) -> TreeStructure:
     n = par.shape[0]
     idx = jnp.arange(n)
     earlier = (par[None, :] == par[:, None]) & (idx[None, :] < idx[:, None])
-    mask = _tree.tree_mask(par)
+    mask = treelib.tree_mask(par)
     return TreeStructure(
-        _tree.tree_children(par),
+        treelib.tree_children(par),
         None,
         earlier,
         mask,
@@ -872,10 +872,10 @@ def _check_inputs(parents, tokens, target_probs, draft_probs, scheme):
     """Boundary validation: shapes and dtypes always, values when concrete."""
     check_scheme(scheme)
     if is_concrete(parents):
-        par = _tree.validate_parents(parents)
+        par = treelib.validate_parents(parents)
         n = par.shape[0]
     else:
-        _tree.check_traced_parents(parents)
+        treelib.check_traced_parents(parents)
         par = None
         n = parents.shape[0]
     tok_shape = np.shape(tokens)

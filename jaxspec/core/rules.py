@@ -39,6 +39,7 @@ from jaxspec.core.acceptance import accept_core
 from jaxspec.core.block import block_accept, is_chain
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.core.traversal import traversal_accept
+from jaxspec.core.treespec import DynamicTree, StaticTree
 
 __all__ = ["RULES", "SUPPORTED", "check_rule", "rule_function", "rule_name", "tree_kind"]
 
@@ -60,8 +61,6 @@ _FUNCTIONS: dict[str, Callable] = {"token": accept_core, "block": block_accept, 
 
 def tree_kind(tree) -> str:
     """"chain", "tree" or "dynamic" for a StaticTree / DynamicTree / concrete parents."""
-    from jaxspec.core.treespec import DynamicTree, StaticTree  # noqa: PLC0415 (treespec imports nothing of this)
-
     if isinstance(tree, DynamicTree):
         return "dynamic"
     parents = tree.parents_array if isinstance(tree, StaticTree) else np.asarray(tree)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxspec.checks import is_int
-from jaxspec.core import tree as _tree
+from jaxspec.core import tree as treelib
 
 __all__ = ["StaticTree", "DynamicTree", "resolve_tree", "parse_tree"]
 
@@ -47,7 +47,7 @@ class StaticTree:
     parents: tuple[int, ...]
 
     def __post_init__(self):
-        par = _tree.validate_parents(np.asarray(self.parents, np.int64), name="tree")
+        par = treelib.validate_parents(np.asarray(self.parents, np.int64), name="tree")
         depth = _depths(par)
         if np.any(np.diff(depth) < 0):
             raise ValueError(
@@ -59,7 +59,7 @@ class StaticTree:
     @classmethod
     def from_parents(cls, parents) -> StaticTree:
         """Relabel a validated parents array breadth first (stable: siblings keep order)."""
-        par = _tree.validate_parents(parents, name="tree")
+        par = treelib.validate_parents(parents, name="tree")
         depth = _depths(par)
         order = np.argsort(depth, kind="stable")  # new index -> old index
         new_of_old = np.empty_like(order)
@@ -106,7 +106,7 @@ class StaticTree:
     def full_mask(self) -> np.ndarray:
         """``bool[N + 1, N + 1]``: ancestor-or-self mask over ``[root] + nodes``
         (the tree ``[-1] + (parents + 1)``)."""
-        return _tree.full_tree_mask(self.parents_array)
+        return treelib.full_tree_mask(self.parents_array)
 
     @functools.cached_property
     def level_groups(self) -> tuple[tuple[tuple[np.ndarray, np.ndarray], ...], ...]:
@@ -186,7 +186,7 @@ class DynamicTree:
 
 
 def _depths(par: np.ndarray) -> np.ndarray:
-    return _tree.static_depths(par)
+    return treelib.static_depths(par)
 
 
 def resolve_tree(tree) -> StaticTree | DynamicTree:
@@ -198,7 +198,7 @@ def resolve_tree(tree) -> StaticTree | DynamicTree:
     if is_int(tree):
         if tree < 1:
             raise ValueError(f"tree = {tree!r}: expected a chain length >= 1")
-        return StaticTree.from_parents(_tree.chain(int(tree)))
+        return StaticTree.from_parents(treelib.chain(int(tree)))
     if isinstance(tree, (Sequence, np.ndarray)) and not isinstance(tree, (bytes, bytearray)):
         try:
             arr = np.asarray(tree)
@@ -212,7 +212,7 @@ def resolve_tree(tree) -> StaticTree | DynamicTree:
         if int(arr[0]) == -1:
             return StaticTree.from_parents(arr)
         if np.all(arr >= 1):
-            return StaticTree.from_parents(_tree.branching(tuple(int(w) for w in arr)))
+            return StaticTree.from_parents(treelib.branching(tuple(int(w) for w in arr)))
         raise ValueError(
             f"tree = {list(arr.tolist())}: expected parents (first entry -1) or per-level "
             "branching widths (all >= 1)"
@@ -271,7 +271,7 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
             vals = _ints(spec, body)
             if not vals:
                 raise ValueError("expected widths, e.g. 'branch:3,2,1'")
-            return StaticTree.from_parents(_tree.branching(tuple(vals)))
+            return StaticTree.from_parents(treelib.branching(tuple(vals)))
         if kind == "parents":
             vals = _ints(spec, body)
             if not vals:

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxspec.core import sampling
-from jaxspec.core import tree as _tree
+from jaxspec.core import tree as treelib
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.nn.cache import KVCache
@@ -172,7 +172,7 @@ def propose_dynamic(model, cache: KVCache, root, tree: DynamicTree, warp: Warp, 
     node_tokens = jnp.take_along_axis(pool_tok, chosen, axis=1)
 
     # one forward of the chosen tree in the standard layout (draft K/V of every node)
-    full_mask = jax.vmap(_tree.full_tree_mask)(parents)  # [B, N + 1, N + 1]
+    full_mask = jax.vmap(treelib.full_tree_mask)(parents)  # [B, N + 1, N + 1]
     depth_nodes = jnp.sum(full_mask[:, 1:], axis=2, dtype=jnp.int32) - 1  # [B, N]
     mask_nodes = tree_cache_mask(lengths, full_mask, s_cap)[:, 1:]  # [B, N, S]
     _, cache = model(node_tokens, lengths[:, None] + depth_nodes, _with_lengths(cache, lengths + 1), mask_nodes)

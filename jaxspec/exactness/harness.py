@@ -88,8 +88,7 @@ from jaxspec.core import rules
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.round import RoundParts
-from jaxspec.exactness import mutants as _mutants
-from jaxspec.exactness import stats
+from jaxspec.exactness import mutants, stats
 from jaxspec.exactness.exact_laws import (
     MAX_ACCEPT_TERMS,
     MAX_CELLS,
@@ -336,10 +335,10 @@ def verify(
     stats.check_alpha(alpha, "alpha")
     user_accept = parts is not None and getattr(parts, "accept", None) is not RoundParts().accept
     if mutant is not None:
-        _mutants.check_mutant(mutant)
+        mutants.check_mutant(mutant)
         if parts is not None:
             raise ValueError("mutant/parts: pass one of them (a mutant is a RoundParts of its own)")
-        parts = _mutants.round_parts(mutant)
+        parts = mutants.round_parts(mutant)
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
                    draft_temperature, draft_top_k, draft_top_p, rule, parts)
@@ -363,8 +362,8 @@ def verify(
     # the exact expectations, hence the set of tests, are fixed before any sample is drawn
     acc_exp, acc_note = None, ""
     rule_label = rules.rule_name(rule)
-    if mutant is not None and _mutants.MUTANT_RULE[mutant] != "token":
-        rule_label = _mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
+    if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
+        rule_label = mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
         kinds = ("chain",) if rule_label == "block" else ("chain", "tree")
         if rules.tree_kind(setup.spec_cfg.tree) not in kinds:
             raise ValueError(f"mutant = {mutant!r}: breaks {rule_label} verification, which runs on "
@@ -467,7 +466,7 @@ def verify(
         "platform": devices[0].platform,
         "seed": seed,
         "mutant": mutant,
-        "mutant_bug": None if mutant is None else _mutants.describe(mutant),
+        "mutant_bug": None if mutant is None else mutants.describe(mutant),
     }
     timings["total_s"] = time.perf_counter() - t_start
     for name in ("speculative", "target_only"):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxspec.core import tree as _tree
+from jaxspec.core import tree as treelib
 from jaxspec.core.acceptance import (
     AcceptResult,
     accept_core,
@@ -155,7 +155,7 @@ def _causal(mask):
 def _accept_depth_rows(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
     """``accept``: the library's rule with row ``i + 1`` (after node i) replaced by row
     ``depth[i]`` ("row d = the law at depth d": right for a chain only)."""
-    src = jnp.concatenate([jnp.zeros((1,), jnp.int32), _tree.tree_depths(parents)])  # row r <- row src[r]
+    src = jnp.concatenate([jnp.zeros((1,), jnp.int32), treelib.tree_depths(parents)])  # row r <- row src[r]
     return accept_core(key, parents, tokens, target_probs[src], draft_probs[src], scheme)
 
 
@@ -187,8 +187,7 @@ def _block_variant(key, tokens, target_probs, draft_probs, scheme, *, clip=True,
         px = P[jnp.arange(g), tokens]
         qx = jnp.ones((g,)) if scheme == "deterministic" else Q[jnp.arange(g), tokens]
         w = jnp.concatenate([jnp.ones((1,)), jnp.cumprod(px / jnp.where(qx > 0, qx, 1.0))])
-    h = block_stop_probabilities(tokens, P, Q, scheme, jnp.minimum(w, 1.0) if not clip else w)
-    h = jnp.where(clip, h, jnp.clip(h, 0.0, 1.0))
+    h = block_stop_probabilities(tokens, P, Q, scheme, jnp.minimum(w, 1.0))  # a probability: at most 1
     idx = jnp.arange(1, g + 1, dtype=jnp.int32)
     passed = eta < h
     if last_pass:

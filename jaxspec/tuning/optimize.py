@@ -56,7 +56,7 @@ from flax import nnx
 
 from jaxspec.checks import is_int
 from jaxspec.core import sampling
-from jaxspec.core import tree as _tree
+from jaxspec.core import tree as treelib
 from jaxspec.core.acceptance import accept_probabilities
 from jaxspec.nn.model import forward_logits
 
@@ -154,7 +154,7 @@ def node_probabilities(parents, acceptance) -> np.ndarray:
 
     Example: ``node_probabilities([-1, -1, 0], [.6, .3]) == [.6, .3, .36]``.
     """
-    par = _tree.validate_parents(parents)
+    par = treelib.validate_parents(parents)
     a = _check_acceptance(acceptance)
     n = par.shape[0]
     ranks = np.zeros(n, np.int64)
@@ -268,7 +268,7 @@ def optimize_tree(acceptance, budget: int, max_depth: int) -> OptimizedTree:
     F, choice, d_max, k_max = _solve(a, budget, max_depth)
     parents = _breadth_first(_build(choice, k_max, d_max, budget))
     value = float(F[d_max, budget])
-    return OptimizedTree(parents=_tree.validate_parents(parents), expected_tokens=value + 1.0,
+    return OptimizedTree(parents=treelib.validate_parents(parents), expected_tokens=value + 1.0,
                          expected_accepted=value)
 
 
