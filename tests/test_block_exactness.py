@@ -10,7 +10,7 @@ tables over V = 4 tokens (``_ngram.bigram_tables(seed=1)``), chains of several r
   ``slow``; the one-round test below covers every scheme by default);
 * the law of ONE round's emitted block (accepted tokens + extra token), 2^18 rounds,
   against its exact enumeration by the independent float64 reference
-  (tests/_exact_rules.py, derived from shared/RULES.md);
+  (jaxspec/exactness/rule_laws.py, derived from shared/RULES.md);
 * the mean tokens per round within 4 standard errors of block verification's exact
   expectation, and (stochastic drafts) more than 4 standard errors above the token rule's:
   the rule is block verification, not the token rule under another name;
@@ -23,17 +23,24 @@ Family-wise alpha 1e-3, Bonferroni over NUM_TESTS p-values of this file.
 
 import functools
 
-import _exact_rules as exact
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _ngram import bigram_tables, count_joint, exact_joint, make_speculative_chain, make_target_only_chain, marginals
+from _ngram import (
+    bigram_tables,
+    count_joint,
+    exact_joint,
+    make_speculative_chain,
+    make_target_only_chain,
+    marginals,
+)
 
 import jaxspec
 from jaxspec.core import sampling
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness import mutants
+from jaxspec.exactness import rule_laws as exact
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample
 
 ALPHA_FAMILY = 1e-3
@@ -86,7 +93,7 @@ def _block_counts(blocks, law):
     return counts, np.asarray([law[c] for c in cells])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target_only():
     chain = make_target_only_chain(T_TAB, length=L, c0=C0)
     return count_joint(chain, jax.random.key(54321), num_samples=N_SAMPLES, v=V, length=L)[0]

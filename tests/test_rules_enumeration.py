@@ -1,6 +1,6 @@
 """Which (rule, sibling scheme, tree) combinations are lossless: proof by exact enumeration.
 
-Everything here is float64 numpy on bigram tables (tests/_exact_rules.py, an independent
+Everything here is float64 numpy on bigram tables (jaxspec/exactness/rule_laws.py, an independent
 reading of ../shared/RULES.md and docs/DESIGN.md §2; jaxspec is not imported). A lossless
 combination reproduces the target law of the first L = 4 emitted tokens (several rounds)
 to float64 rounding (max |difference| < 1e-12); a biased one is pinned by a witness whose
@@ -38,9 +38,10 @@ from __future__ import annotations
 import functools
 
 import _exact
-import _exact_rules as R
 import numpy as np
 import pytest
+
+from jaxspec.exactness import rule_laws as R
 
 L = 4
 TOL = 1e-12
@@ -329,3 +330,14 @@ def test_expected_tokens_figures():
     # the public helper agrees with the round law
     t, d = tables("rand1-v4")
     assert abs(R.expected_tokens("block", R.chain(4), t, d, 0, "iid") - BLOCK_VS_TOKEN[4][0]) < 1e-6
+
+
+def test_reference_imports_no_jaxspec_module():
+    """The enumeration is an independent reference: it must not read the library's rules."""
+    import ast
+    import pathlib
+
+    tree = ast.parse(pathlib.Path(R.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"__future__", "functools", "itertools", "numpy"}, imported

@@ -1,5 +1,5 @@
 """Traversal verification (jaxspec.core.traversal) against block verification on chains,
-against the float64 enumeration of tests/_exact_rules.py on trees, and against a mutant.
+against the float64 enumeration of jaxspec/exactness/rule_laws.py on trees, and against a mutant.
 
 Every chi-square below is one test of a family with family-wise level 1e-3, Bonferroni over
 all of them (:data:`M_TESTS`, counted from the case lists): a lossless rule fails one with
@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import itertools
 
-import _exact_rules as R
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +28,7 @@ from jaxspec.core import sampling, traversal
 from jaxspec.core.acceptance import AcceptResult
 from jaxspec.core.block import block_accept
 from jaxspec.core.traversal import traversal_accept
+from jaxspec.exactness import rule_laws as R
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample
 
 N_SAMPLES = 1 << 18
@@ -228,7 +228,7 @@ def test_chain_is_block_verification_key_by_key(g, scheme):
 @pytest.mark.parametrize("tree,table,c0,scheme", REFERENCE_CASES)
 def test_round_law_matches_the_reference(tree, table, c0, scheme):
     """The joint law of the emitted block (accepted tokens + extra) equals the exact round
-    law of tests/_exact_rules.py, and the tokens per round its exact expectation within 4
+    law of jaxspec/exactness/rule_laws.py, and the tokens per round its exact expectation within 4
     standard errors; where the token rule's expectation is far enough off (> 10 SE), the
     sample also tells the two apart (> 4 SE): this is traversal, not the token rule."""
     t, d = tables(table)

@@ -5,7 +5,8 @@ against the exact law (:mod:`~jaxspec.exactness.exact_laws`), counted in streame
 (:mod:`~jaxspec.exactness.sample_counts`), with the statistics of
 :mod:`~jaxspec.exactness.stats`, reported by :class:`VerifyReport`
 (:mod:`~jaxspec.exactness.report`); :mod:`~jaxspec.exactness.mutants` are decoders broken on
-purpose, to show the harness rejects them.
+purpose, to show the harness rejects them; :mod:`~jaxspec.exactness.rule_laws` enumerates the
+exact laws of the verification rules on small bigram tables (float64, no sampling).
 
 The package is ``jaxspec.exactness``, not ``jaxspec.verify``: ``jaxspec.verify`` is the
 function.

@@ -1,7 +1,10 @@
 """Exact (enumerated, float64 numpy) laws of three verification rules on bigram tables.
 
-An independent reference, derived from ``../shared/RULES.md`` and docs/DESIGN.md §1-2 only
-(plain numpy and itertools; jaxspec is not imported). Everything is exact: every draft
+An independent reference, derived from the papers' mathematics (block verification: Sun et
+al. 2025; traversal verification: Weng et al. 2025) and docs/DESIGN.md §1-2 only: plain numpy
+and itertools, no other jaxspec module is imported (``tests/test_rules_enumeration.py``
+checks), so the tests that hold the library's rules against it compare two independent
+implementations. :mod:`jaxspec.bench.rules` reads its exact expectations. Everything is exact: every draft
 outcome of a round is enumerated with its probability, and the acceptance uniforms are
 integrated out analytically (each accept / reject test contributes its probability), so a
 lossless rule reproduces the target law to float64 rounding and a biased one shows its bias
