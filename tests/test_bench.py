@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -210,6 +211,7 @@ def test_sequential_walk_is_the_same_rule(scheme):
         (["--quick", "--tiny"], "not allowed with argument"),
         (["--only"], "expected at least one argument"),
         (["--frobnicate"], "unrecognized arguments"),
+        (["--rule", "nope"], "argument --rule: invalid choice: 'nope'"),
         (["--tiny", "--out", ""], "--out '': expected a folder path, got an empty one"),  # not the default
     ],
 )
@@ -263,7 +265,56 @@ def test_bad_names():
         benchmark_module("nope")
     with pytest.raises(ValueError, match="size = 'huge'"):
         common.check_size("huge")
-    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness"}
+    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness", "rules"}
+
+
+def test_rules_exact_and_sampled_agree(tmp_path):
+    """The rule-gains benchmark without its generate part: the exact expectations are the
+    enumeration's, block / traversal never below the token rule, and the library's rules,
+    sampled, land within 5 standard errors of the enumerated expectation."""
+    from jaxspec.bench import rules as rb  # noqa: PLC0415
+    from jaxspec.exactness import rule_laws  # noqa: PLC0415
+
+    cfg = rb.RuleBenchConfig(chain_lengths=(2, 3), chain_vocab=3, exact_trees=("branch:2,1",), tree_vocab=3,
+                             sampled_trees=("branch:2,1", "chain:3"), sampled_rounds=1 << 14, generate=(),
+                             temperatures=(1.0,), max_new_tokens=8, repeats=1)
+    report = rb.run("tiny", config=cfg)
+    t, d = rule_laws.random_tables(1, 3)
+    assert [r["tree"] for r in report["exact"]] == ["chain:2", "chain:3", "branch:2,1"]
+    for r in report["exact"]:
+        par = rule_laws.chain(r["num_nodes"]) if r["kind"] == "chain" else (-1, -1, 0, 1)
+        scheme = "iid" if r["kind"] == "chain" else "without_replacement"
+        assert r["rules"]["token"] == pytest.approx(rule_laws.expected_tokens("token", par, t, d, 0, scheme), abs=1e-12)
+        assert r["gain"] > 0  # stochastic drafts: strictly more
+    exact_of = {"branch:2,1": report["exact"][2]["rules"],
+                "chain:3": {"token": report["exact"][1]["rules"]["token"],
+                            "traversal": report["exact"][1]["rules"]["block"]}}  # on a chain traversal is block
+    for s in report["sampled"]:
+        for rule in ("token", "traversal"):
+            assert abs(s["mean"][rule] - exact_of[s["tree"]][rule]) < 5 * s["stderr"][rule], (s["tree"], rule, s)
+        assert s["gain_stderr"] > 0
+    assert report["generate"] == [] and report["headline"]["block_gain_chain4"] is None
+    tab = rb.table(report)
+    assert "| chain:3 | 3 | 3 |" in tab and "(sampled, 16384 rounds)" in tab
+    files = common.write_report(report, tmp_path, rb.NAME, rb.plot)
+    assert pathlib.Path(files["png"]).stat().st_size > 0
+
+
+def test_rules_refuses_an_unsupported_rule_before_measuring():
+    from jaxspec.bench import rules as rb  # noqa: PLC0415
+
+    cfg = dataclasses.replace(rb.CONFIGS["tiny"], generate=(("branch:2,2", ("block",)),))
+    with pytest.raises(ValueError, match="rule = 'block': not supported on a branching static tree"):
+        rb.run("tiny", config=cfg)
+
+
+def test_cli_decode_with_a_rule(tmp_path, capsys):
+    assert main(["bench", "--tiny", "--json", "--only", "decode", "--rule", "block", "--out", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    files = result["benchmarks"]["decode"]["files"]
+    assert files["json"] == str(tmp_path / "decode_speed_block.json")
+    on_disk = json.loads(pathlib.Path(files["json"]).read_text())
+    assert on_disk["rule"] == "block" and on_disk["skipped"] == [] and _positive(result["tau"])
 
 
 # ----------------------------------------------------------------------------- slow: fuller paths
@@ -365,3 +416,13 @@ def test_floors_do_the_work_they_are_named_for():
     assert np.mean(pn[idx, rows].sum(-1) - residual) > 0.1  # q's part moves the figures
     np.testing.assert_allclose(np.asarray(_residual_floor_fn(n)(keys, p, q)),
                                rng_part + residual, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_rules_tiny(tmp_path, capsys):
+    assert main(["bench", "--tiny", "--json", "--only", "rules", "--out", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["block_gain_chain4"] > 0 and set(result["rule_tau_t1"]) == {"token", "block"}
+    on_disk = json.loads((tmp_path / "rule_gains.json").read_text())
+    assert [r["rule"] for r in on_disk["generate"]] == ["token", "block"]
+    assert all(_positive(r["tokens_per_s"]) and r["tau"] >= 1.0 for r in on_disk["generate"])

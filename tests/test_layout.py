@@ -527,7 +527,7 @@ CLI_SNAPSHOT = {
         "--out", "--preset", "--resume", "--seed", "--seq-len", "--steps", "--stop-at", "--target",
         "--tie-embeddings", "--warmup-steps", "--weight-decay", "-h",
     ], []),
-    "bench": (["--help", "--json", "--only", "--out", "--quick", "--tiny", "-h"], []),
+    "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),
     "generate": ([
         "--auto-budgets", "--auto-max-depth", "--baseline", "--draft", "--help", "--json", "--max-new-tokens",

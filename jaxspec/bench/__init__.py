@@ -10,7 +10,9 @@ One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG)
   batch sizes);
 * :mod:`~jaxspec.bench.compile_time`: trace + compile time of the jitted entry points;
 * :mod:`~jaxspec.bench.harness`: peak memory vs sample count and samples/s of the
-  exactness harness.
+  exactness harness;
+* :mod:`~jaxspec.bench.rules`: block and traversal verification vs the token rule (exact
+  expected tokens on bigram tables; tau and tokens/s of ``generate`` per rule).
 
 Example::
 
@@ -30,6 +32,7 @@ BENCHMARKS = {
     "decode": "jaxspec.bench.decode",
     "compile": "jaxspec.bench.compile_time",
     "harness": "jaxspec.bench.harness",
+    "rules": "jaxspec.bench.rules",
 }
 
 

@@ -219,9 +219,24 @@ def _resolve(name: str, optimized: dict | None):
     return spec, name, kind
 
 
-def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict:
-    """Measure every (batch, temperature, tree) of ``CONFIGS[size]`` (or of ``config``);
-    returns the report."""
+def _supported(rule: str, spec, scheme: str) -> bool:
+    from jaxspec.core.rules import check_rule  # noqa: PLC0415
+
+    try:
+        check_rule(rule, scheme, spec)
+    except ValueError:
+        return False
+    return True
+
+
+def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: str = "token") -> dict:
+    """Measure every (batch, temperature, tree) of ``CONFIGS[size]`` (or of ``config``),
+    verifying with ``rule`` (:data:`jaxspec.core.rules.RULES`; the trees it does not support
+    are skipped and listed under ``skipped``); returns the report."""
+    from jaxspec.core.rules import RULES  # noqa: PLC0415
+
+    if rule not in RULES:
+        raise ValueError(f"rule = {rule!r}: expected one of {', '.join(RULES)}")
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     target, draft, names = _models(cfg.models)
     m = cfg.max_new_tokens
@@ -236,7 +251,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
                        f"parents {optimized[temp]['parents']} (model tau {optimized[temp]['expected_tokens']:.2f} "
                        f"vs {optimized[temp]['like_expected_tokens']:.2f} for {cfg.optimized_like})")
 
-    results = []
+    results, skipped = [], []
     prompt_lens = {}
     for batch, trees in cfg.runs:
         prompts = _prompts(batch)
@@ -255,12 +270,17 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
             for name in trees:
                 spec, label, kind = _resolve(name, optimized.get(temp))
                 scheme = _scheme(spec, temp)
+                if not _supported(rule, spec, scheme):
+                    skipped.append({"batch": batch, "temperature": temp, "tree": label, "scheme": scheme})
+                    common.log(f"decode: B={batch} T={temp:g} {label}: skipped, rule {rule!r} does not support it "
+                               f"with scheme {scheme!r}")
+                    continue
                 n = spec.num_nodes
                 forwards = spec.depth + (1 if isinstance(spec, DynamicTree) else 0)
 
                 def sp(i, temp=temp, spec=spec, scheme=scheme, prompts=prompts):
                     return gen.generate(jax.random.key(2000 + i), target, draft, prompts, max_new_tokens=m,
-                                        tree=spec, scheme=scheme, temperature=temp)
+                                        tree=spec, scheme=scheme, temperature=temp, rule=rule)
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
                        "verify": _forward_loop(target, batch, n + 1, cap, mid, cfg.loops)}
@@ -279,6 +299,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
         "benchmark": NAME,
         "size": size,
         "quick": size != "full",
+        "rule": rule,
         "machine": mach,
         # fields of the original script, kept for readers of older JSON
         "device": mach["device"], "backend": mach["backend"], "platform": mach["platform"], "jax": mach["jax"],
@@ -292,6 +313,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None) -> dict
         "acceptance": [acceptance[t] for t in sorted(acceptance)],
         "optimized": [optimized[t] for t in sorted(optimized)],
         "results": results,
+        "skipped": skipped,
     }
     report["headline"] = headline(report)
     return report

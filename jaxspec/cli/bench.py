@@ -6,6 +6,7 @@
     jaxspec bench                           # full versions (the README's figures)
     jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness
     jaxspec bench --quick --out results/    # JSON + PNG of each benchmark under results/
+    jaxspec bench --only decode --rule block   # the decode benchmark verifying with block verification
 
 Each benchmark writes ``<name>.json`` and ``<name>.png`` under ``--out`` (default:
 ``benchmarks/results`` when run from the repository root, else ``./bench-results``; its
@@ -32,12 +33,15 @@ HEADLINE_KEYS = {
     "decode": ("decode_speedup", "tau"),
     "compile": ("generate_compile_s", "generate_autoregressive_compile_s", "accept_compile_s"),
     "harness": ("harness_samples_per_s", "harness_num_samples", "harness_peak_rss_mb", "harness_growth_ratio"),
+    "rules": ("block_gain_chain4", "rule_tau_t1", "rule_speedup_t1"),
 }
 
 
-@command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory)")
+@command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory, "
+                        "rule gains)")
 def bench_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.bench import BENCHMARKS
+    from jaxspec.core.rules import RULES
 
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="short versions (minutes on 2 CPU cores; figures labelled quick)")
@@ -48,6 +52,10 @@ def bench_command(p: argparse.ArgumentParser) -> Handler:
                                  "with --quick)")
     p.add_argument("--only", nargs="+", action="extend", choices=list(BENCHMARKS), metavar="NAME",
                    help=f"run only these benchmarks ({', '.join(BENCHMARKS)}; default: all)")
+    p.add_argument("--rule", choices=RULES, default="token",
+                   help="verification rule of the decode benchmark (default: token); trees the rule does not "
+                        "support are skipped, and a rule other than token writes decode_speed_<rule>.json "
+                        "(the rules benchmark always compares every rule)")
 
     def run(args: argparse.Namespace) -> int:
         from jaxspec.bench import benchmark_module, common
@@ -64,8 +72,12 @@ def bench_command(p: argparse.ArgumentParser) -> Handler:
             common.log(f"bench: [{i + 1}/{len(names)}] {name} ({size})")
             mod = benchmark_module(name)
             t0 = time.perf_counter()
-            report = mod.run(size)
-            files = common.write_report(report, out, mod.NAME, mod.plot)
+            if name == "decode":
+                report = mod.run(size, rule=args.rule)
+                stem = mod.NAME if args.rule == "token" else f"{mod.NAME}_{args.rule}"
+            else:
+                report, stem = mod.run(size), mod.NAME
+            files = common.write_report(report, out, stem, mod.plot)
             benchmarks[name] = {"seconds": time.perf_counter() - t0, "files": files, "report": report}
             result.update({k: report["headline"].get(k) for k in HEADLINE_KEYS[name]})
             common.log(f"bench: {name} done in {benchmarks[name]['seconds']:.1f} s -> {files['json']}")
