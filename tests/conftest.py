@@ -1,8 +1,25 @@
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import os
+import shutil
+import tempfile
 
 # In-process CLI tests would otherwise switch JAX's persistent compilation cache on for the
 # whole test process and write under the user's home; tests/test_compile_cache.py tests it
 # in subprocesses with a folder of their own.
 os.environ.setdefault("JAXSPEC_COMPILATION_CACHE", "off")
+
+# One persistent XLA compilation cache for the whole run, shared by the xdist workers and by
+# every subprocess a test starts (README blocks, CLI runs, notebook kernels), which compile the
+# same programs of the default models again and again. JAX reads these variables when it is
+# imported. A fresh folder per run (removed at its end), so no test reads a program compiled
+# by another checkout; a JAX_COMPILATION_CACHE_DIR set by the caller is left alone.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxspec-test-xla-")
+    os.environ["JAXSPEC_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("JAXSPEC_TEST_XLA_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -248,6 +248,7 @@ def test_harness_rejects_broken_rules(mutant, scheme, topology, draft):
     assert two.pvalue < MUTANT_THRESH, str(two)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme,topology,draft", sorted({c[1:] for c in MUTANT_CASES}))
 def test_reference_walk_passes_the_same_harness(scheme, topology, draft):
     """Control for the mutants: on every setup a mutant is run on (the warp-mismatch

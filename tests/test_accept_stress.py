@@ -310,7 +310,7 @@ def bench_inputs(v):
     return {s: c + c[: longest - len(c)] for s, c in cases.items()}, longest
 
 
-@pytest.mark.parametrize("v", VOCABS)
+@pytest.mark.parametrize("v", [pytest.param(v, marks=pytest.mark.slow) if v in (65, 1000) else v for v in VOCABS])
 def test_round_invariants_on_degenerate_rows(v):
     """Pins, for every case of the module docstring at this V, for each scheme, with static
     and traced parents: finite acceptance probabilities and residual laws, equal to the

@@ -177,7 +177,8 @@ def test_cli_json_tiny(tmp_path, capsys):
     assert f"{r0['speedup_vs_sequential']:.2f}×" in tab
 
 
-@pytest.mark.parametrize("scheme", ["iid", "without_replacement", "deterministic"])
+@pytest.mark.parametrize("scheme", [pytest.param("iid", marks=pytest.mark.slow), "without_replacement",
+                                    pytest.param("deterministic", marks=pytest.mark.slow)])
 def test_sequential_walk_is_the_same_rule(scheme):
     """The benchmark's sequential baseline emits the library's tokens for the same keys
     (so its speedup compares two implementations of one rule), on a chain, a wide tree

@@ -209,6 +209,7 @@ def test_no_warmup_generates_once_and_says_the_timing_includes_compilation(capsy
     assert code == 0 and "compiling (the timing includes it) ..." in err and "(including compilation)" in err
 
 
+@pytest.mark.slow  # the library's own greedy equality: tests/test_generate.py
 def test_temperature_zero_speculative_equals_baseline(capsys):
     """Every sibling scheme on the default pair (V = 264: the draft draws go through the
     two-level inverse CDF) gives the baseline's greedy text at temperature 0."""

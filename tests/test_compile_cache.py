@@ -13,8 +13,16 @@ import pytest
 ARGS = ["generate", "--prompt", "ab", "--max-new-tokens", "8", "--tree", "chain:2", "--no-warmup", "--json"]
 
 
+def _env(**extra) -> dict:
+    """The test process's environment without the run-wide XLA cache of tests/conftest.py:
+    these tests watch jaxspec switch the cache on and off by itself."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    return dict(env, JAX_PLATFORMS="cpu", **extra)
+
+
 def _run(env_cache, *extra):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAXSPEC_COMPILATION_CACHE=str(env_cache))
+    env = _env(JAXSPEC_COMPILATION_CACHE=str(env_cache))
     r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *ARGS, *extra], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -43,8 +51,7 @@ def test_off_switches_store_nothing(tmp_path, how):
     if how == "flag":
         _run(cache, "--no-compile-cache")
     else:
-        env = dict(os.environ, JAX_PLATFORMS="cpu", JAXSPEC_COMPILATION_CACHE="off", HOME=str(tmp_path),
-                   JAXSPEC_CACHE_DIR=str(tmp_path / "home-cache"))
+        env = _env(JAXSPEC_COMPILATION_CACHE="off", HOME=str(tmp_path), JAXSPEC_CACHE_DIR=str(tmp_path / "home-cache"))
         r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *ARGS], capture_output=True, text=True, env=env,
                            timeout=600)
         assert r.returncode == 0, r.stderr

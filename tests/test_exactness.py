@@ -92,7 +92,13 @@ def _mutant_setup(mutant):
     return dict(tree="chain:3", scheme="iid") if mutants.MUTANT_RULE[mutant] == "block" else {}
 
 
-@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+# the acceptance-rule mutants also broken at the rule level in tests/test_accept_exactness.py
+# (test_harness_rejects_broken_rules) run with -m slow here, for time
+_RULE_LEVEL_TOO = ("depth-row", "reused-uniform", "warp-mismatch")
+
+
+@pytest.mark.parametrize("mutant", [pytest.param(m, marks=pytest.mark.slow) if m in _RULE_LEVEL_TOO else m
+                                    for m in mutants.MUTANTS])
 def test_mutant_is_rejected(mutant):
     """At 2^15 samples every mutant is rejected with p < 1e-6 by the joint test against
     the exact law and by the two-sample test against target-only sampling."""

@@ -152,9 +152,9 @@ CASES = [
     ("branch", "without_replacement", "none"),
     ("dynamic", "deterministic", "none"),
     ("branch", "iid", "t0.7_topk3"),
-    ("branch", "without_replacement", "t1.2_topp0.95"),  # nucleus sampling on both sides
 ]
 SLOW_CASES = [
+    ("branch", "without_replacement", "t1.2_topp0.95"),  # nucleus sampling on both sides
     ("branch", "deterministic", "none"),
     ("chain", "without_replacement", "none"),
     ("chain", "deterministic", "none"),

@@ -493,6 +493,7 @@ def _branching(widths):
     return branching(widths)
 
 
+@pytest.mark.slow
 def test_optimized_tree_not_beaten_by_any_branching_tree_small():
     """5 nodes, depth <= 2 (3 compilations of generate, the bulk of the time): no
     per-level branching tree, (1, 4) or the star (5,), measures a tau above the

@@ -174,6 +174,7 @@ def test_no_power_is_inconclusive_exit_3(capsys):
                        f"run; at least {d['samples_needed']:,} samples per run are needed"]
 
 
+@pytest.mark.slow
 def test_samples_needed_gives_a_conclusive_run(capsys):
     """The count an inconclusive run names is enough for the power rules (here it passes)."""
     assert cli.main(["verify", "--samples", "2", "--no-acceptance", "--no-progress", "--json"]) == 3
