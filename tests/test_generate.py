@@ -387,6 +387,7 @@ def test_parse_dynamic_tree():
         ("parents:0,1", "'parents:0,1'.*parents"),
         ("dynamic:depth=2,topk=2", "missing"),
         ("dynamic:depth=2,topk=2,nodes=99", "at most"),
+        ("dynamic:depth=4,topk=4,nodes=2", r"num_nodes = 2 < depth = 4: .* expected num_nodes >= depth \(e.g. depth=2\)"),
         ("dynamic:width=2", "unknown field"),
         ("star:3", "unknown kind"),
         ("", "expected"),
@@ -467,3 +468,15 @@ def test_stop_tokens_accept_arrays():
                      ("3", "expected a sequence")):
         with pytest.raises(ValueError, match=msg):
             check(bad, 8)
+
+
+def test_tree_defaults_to_the_cli_tree(pair):
+    """``generate`` without ``tree=`` drafts the CLI's default tree (chain:4): same key, same
+    tokens, and rounds of up to 5 tokens."""
+    target, draft = pair
+    assert gen.DEFAULT_TREE == "chain:4"
+    kw = dict(max_new_tokens=MAX_NEW, temperature=1.0)
+    a = gen.generate(jax.random.key(5), target, draft, PROMPTS, **kw)
+    b = gen.generate(jax.random.key(5), target, draft, PROMPTS, tree="chain:4", **kw)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    assert len(a.accepted_per_depth[0]) == 4

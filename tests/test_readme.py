@@ -12,7 +12,8 @@ Convention for README.md's Python examples:
   backends). Stderr (JAX warnings, progress bars) is not compared. The keys are fixed, so on
   the CPU backend sampled output is deterministic.
 
-Also: the Quickstart has exactly the two commands ``.ci/run`` relies on, the README has at
+The python blocks of docs/*.md that are followed by a ```` ```text ```` block are run the same
+way. Also: the Quickstart has exactly the two commands ``.ci/run`` relies on, the README has at
 most 200 lines, and every file the docs link to or cite under ``results/`` exists and is
 tracked by git (or about to be: untracked but not ignored).
 """
@@ -41,6 +42,9 @@ def python_blocks(text: str) -> list[tuple[int, str, str | None]]:
 
 
 BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+#: docs/*.md blocks followed by a ```text block follow the README's convention and run too
+DOC_BLOCKS = [(doc.name, line, code, want) for doc in sorted((ROOT / "docs").glob("*.md"))
+              for line, code, want in python_blocks(doc.read_text(encoding="utf-8")) if want is not None]
 
 
 def test_block_parser():
@@ -59,16 +63,29 @@ def test_readme_is_short():
     assert len(lines) <= MAX_LINES, f"README.md has {len(lines)} lines (at most {MAX_LINES}): move details to docs/"
 
 
-@pytest.mark.parametrize("line, code, want", BLOCKS, ids=[f"line{line}" for line, _, _ in BLOCKS])
-def test_readme_block_prints_what_the_readme_says(line, code, want, tmp_path):
+def _check_block(doc: str, line: int, code: str, want: str | None, tmp_path) -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
-    assert r.returncode == 0, f"README.md block at line {line} failed:\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, f"{doc} block at line {line} failed:\n{r.stderr[-4000:]}"
     got = "\n".join(s.rstrip() for s in r.stdout.splitlines()) + "\n"
     expected = "\n".join(s.rstrip() for s in (want or "").splitlines()) + "\n"
     assert doctest.OutputChecker().check_output(expected, got, doctest.ELLIPSIS), (
-        f"README.md block at line {line} printed\n{got}\nbut the README says\n{expected}")
+        f"{doc} block at line {line} printed\n{got}\nbut it says\n{expected}")
+
+
+@pytest.mark.parametrize("line, code, want", BLOCKS, ids=[f"line{line}" for line, _, _ in BLOCKS])
+def test_readme_block_prints_what_the_readme_says(line, code, want, tmp_path):
+    _check_block("README.md", line, code, want, tmp_path)
+
+
+@pytest.mark.parametrize("doc, line, code, want", DOC_BLOCKS, ids=[f"{d}:{line}" for d, line, _, _ in DOC_BLOCKS])
+def test_doc_block_prints_what_the_doc_says(doc, line, code, want, tmp_path):
+    _check_block(f"docs/{doc}", line, code, want, tmp_path)
+
+
+def test_docs_have_runnable_blocks():
+    assert any(d == "RULES.md" for d, *_ in DOC_BLOCKS)
 
 
 def test_quickstart_has_exactly_two_commands():

@@ -159,6 +159,14 @@ class DynamicTree:
             if not is_int(v) or v < 1:
                 raise ValueError(f"DynamicTree.{name} = {v!r}: expected an integer >= 1")
             object.__setattr__(self, name, int(v))
+        if self.num_nodes < self.depth:
+            # a tree of num_nodes nodes is at most num_nodes deep, but every depth level costs a
+            # draft forward per round: the extra levels would be drafted and never used
+            raise ValueError(
+                f"DynamicTree.num_nodes = {self.num_nodes} < depth = {self.depth}: a tree of "
+                f"{self.num_nodes} nodes reaches depth {self.num_nodes} at most, while each round would "
+                f"run {self.depth} draft forwards; expected num_nodes >= depth (e.g. depth={self.num_nodes})"
+            )
         if self.num_nodes > self.pool_size:
             raise ValueError(
                 f"DynamicTree.num_nodes = {self.num_nodes}: expected at most "

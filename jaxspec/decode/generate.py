@@ -55,6 +55,7 @@ from jaxspec.decode.round import (
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
 __all__ = [
+    "DEFAULT_TREE",
     "GenerateResult",
     "SpecConfig",
     "ARConfig",
@@ -67,6 +68,10 @@ __all__ = [
     "speculative_program",
     "autoregressive_program",
 ]
+
+#: the tree of ``generate`` and ``jaxspec generate`` when none is given: the fastest measured on
+#: the default pair (benchmarks/README.md, decode_speed)
+DEFAULT_TREE = "chain:4"
 
 SCHEMES = sampling.SCHEMES
 
@@ -433,7 +438,7 @@ def generate(
     prompts,
     *,
     max_new_tokens: int,
-    tree,
+    tree=DEFAULT_TREE,
     scheme: str = "without_replacement",
     rule="token",
     temperature: float = 1.0,
@@ -457,7 +462,8 @@ def generate(
       max_new_tokens: budget per row (>= 1).
       tree: an int k (chain of k), a per-level branching tuple such as ``(3, 2, 1)``, a
         parents sequence starting with -1, a :class:`~jaxspec.core.treespec.DynamicTree`, or a
-        string for :func:`~jaxspec.core.treespec.parse_tree`.
+        string for :func:`~jaxspec.core.treespec.parse_tree` (default :data:`DEFAULT_TREE`,
+        the tree of ``jaxspec generate``).
       scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
         (dynamic trees: ``"deterministic"`` only).
       rule: the verification rule, ``"token"``, ``"block"`` (chains) or ``"traversal"``,

@@ -162,7 +162,9 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    # the text bar, not tqdm.auto: in a notebook without ipywidgets tqdm.auto warns
+    # "IProgress not found" into the stored outputs
+    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="samples", unit_scale=True, disable=not enabled, file=sys.stderr,
                 leave=False)

@@ -29,7 +29,7 @@ from jaxspec.nn.tokenizer import BaseTokenizer, ByteTokenizer
 __all__ = ["HFTokenizer", "load_tokenizer", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.json"
-_INSTALL_HINT = "install the 'hf' extra: pip install 'jaxspec[hf]' (or: pip install tokenizers)"
+_INSTALL_HINT = "install the 'tokenizers' extra: pip install 'jaxspec[tokenizers]' (or: pip install tokenizers)"
 
 
 def _import_tokenizers():
