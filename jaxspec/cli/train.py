@@ -3,6 +3,11 @@ corpus, or distill a draft from a target (:mod:`jaxspec.training.train`)::
 
     jaxspec train --out runs/target --steps 1200
     jaxspec distill --target runs/target/final --out runs/draft --steps 600
+
+stdout: one strict JSON object (non-finite numbers as null). A run that diverges (an inf /
+NaN loss or parameters) exits 1 with ``jaxspec <cmd>: error: <kind>: the run diverged at step
+N: ...`` on stderr, naming the value, the last (finite) checkpoint if any and --lr; it
+exports no final model.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -132,6 +138,19 @@ def _train_config(args, model_config=None):
         raise CLIError(_flag_names(str(e), args)) from None
 
 
+def _print_json(obj: dict) -> None:
+    """One line of strict JSON on stdout: non-finite floats become null (never ``NaN``)."""
+    print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in obj.items()},
+                     allow_nan=False))
+
+
+def _diverged(command: str, e, args) -> int:
+    """A :class:`~jaxspec.training.train.TrainingDiverged`: one line on stderr (flags named
+    by their flags: --lr, --warmup-steps), exit status 1 (a runtime failure)."""
+    print(f"jaxspec {command}: error: {_flag_names(str(e), args)}", file=sys.stderr)
+    return 1
+
+
 def _check_output_dirs(args) -> None:
     """--out and --export of train / distill: writable folders, checked before training."""
     check_output_dir("--out", args.out)
@@ -151,7 +170,7 @@ def train_command(p: argparse.ArgumentParser) -> Handler:
     _add_train_args(p)
 
     def run(args) -> int:
-        from jaxspec.training.train import train
+        from jaxspec.training.train import TrainingDiverged, train
 
         mc = _model_config(args)
         tc = _train_config(args, mc)
@@ -161,6 +180,8 @@ def train_command(p: argparse.ArgumentParser) -> Handler:
         try:
             r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
                       export_dir=args.export, stop_at=args.stop_at)
+        except TrainingDiverged as e:
+            return _diverged("train", e, args)
         except ValueError as e:
             raise CLIError(_flag_names(str(e), args)) from None
         except KeyboardInterrupt:
@@ -169,8 +190,8 @@ def train_command(p: argparse.ArgumentParser) -> Handler:
         if r.final_dir is None:
             return _stopped(r)
         last = r.history[-1]
-        print(json.dumps({"val_loss": last["val_loss"], "train_time_s": round(r.total_train_time_s, 1),
-                          "params": mc.num_params(), "model": str(r.final_dir)}))
+        _print_json({"val_loss": last["val_loss"], "train_time_s": round(r.total_train_time_s, 1),
+                     "params": mc.num_params(), "model": str(r.final_dir)})
         return 0
 
     return run
@@ -186,7 +207,7 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
     _add_train_args(p)
 
     def run(args) -> int:
-        from jaxspec.training.train import distill
+        from jaxspec.training.train import TrainingDiverged, distill
 
         mc = _model_config(args)
         tc = _train_config(args, mc)
@@ -197,6 +218,8 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
             r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
                         progress=not args.no_progress, export_dir=args.export, init_draft=init,
                         max_compute_ratio=args.max_compute_ratio, stop_at=args.stop_at)
+        except TrainingDiverged as e:
+            return _diverged("distill", e, args)
         except ValueError as e:
             msg = _flag_names(str(e), args)
             if "per-token FLOPs" in msg:
@@ -207,18 +230,18 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
             raise
         if r.final_dir is None:
             return _stopped(r)
-        print(json.dumps({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
-                          "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
-                          "params": mc.num_params(), "model": str(r.final_dir)}))
+        _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
+                     "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
+                     "params": mc.num_params(), "model": str(r.final_dir)})
         return 0
 
     return run
 
 
 def _stopped(r) -> int:
-    print(json.dumps({"stopped_at_step": r.step, "train_time_s": round(r.total_train_time_s, 1),
-                      "resume": "rerun the same command with --resume, and without --stop-at "
-                                "(or with a later --stop-at)"}))
+    _print_json({"stopped_at_step": r.step, "train_time_s": round(r.total_train_time_s, 1),
+                 "resume": "rerun the same command with --resume, and without --stop-at "
+                           "(or with a later --stop-at)"})
     return 0
 
 

@@ -24,6 +24,12 @@ are bytes (BOS / EOS file separators are < 0.02% of positions), so this is nats/
 Resuming (``resume=True``) restores params, optimizer state, step and the batch sampler's
 RNG, and continues the *same* run: the result equals an uninterrupted run's bit for bit on
 the same machine. The run's configuration must match the checkpoint's.
+
+Divergence: a non-finite training loss (read every step for the progress bar), a non-finite
+validation metric, or non-finite parameters / optimizer state when a checkpoint is about to
+be written (the last step always writes one, so this also guards the exported model) stop
+the run with :class:`TrainingDiverged`. Nothing non-finite is ever saved: the last
+checkpoint on disk, if any, stays the last finite one, and no final model is exported.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "DistillResult",
+    "TrainingDiverged",
     "train",
     "distill",
     "flops_per_token",
@@ -149,6 +156,24 @@ class TrainResult:
 class DistillResult(TrainResult):
     alpha_before: float = float("nan")
     alpha_after: float = float("nan")
+
+
+class TrainingDiverged(FloatingPointError, RuntimeError):
+    """The run diverged: a loss, a validation metric or the parameters became inf / NaN.
+
+    Raised by :func:`train` and :func:`distill` with no final model written.
+    ``step``: the step at which it was detected; ``metric``: what was non-finite
+    (``"loss"``, ``"val_loss"``, ``"val_kl"``, ``"alpha"`` or ``"params"``); ``loss``: its
+    value (for ``"params"``, the step's training loss); ``last_checkpoint``: the folder of
+    the last (finite) checkpoint of this run, or None, and ``last_checkpoint_step`` its step.
+    (A ``FloatingPointError`` too, which earlier versions raised for a non-finite loss.)
+    """
+
+    def __init__(self, message: str, *, step: int, metric: str, loss: float,
+                 last_checkpoint: Path | None, last_checkpoint_step: int | None):
+        super().__init__(message)
+        self.step, self.metric, self.loss = step, metric, loss
+        self.last_checkpoint, self.last_checkpoint_step = last_checkpoint, last_checkpoint_step
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -244,13 +269,18 @@ def _unflat(template, arrays: dict[str, np.ndarray], source: Path):
 
 
 
-def _save_checkpoint(ckpt_dir: Path, state: dict, meta: dict) -> None:
-    """Write params + optimizer state + JSON metadata; swap directories so a crash mid-write
-    leaves the previous checkpoint intact."""
+def _nonfinite(arrays: dict[str, np.ndarray]) -> list[str]:
+    """Names of the floating-point host arrays holding an inf or a NaN."""
+    return [k for k, a in arrays.items() if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all()]
+
+
+def _save_checkpoint(ckpt_dir: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Write params + optimizer state (``_flat``-ened) + JSON metadata; swap directories so a
+    crash mid-write leaves the previous checkpoint intact."""
     tmp, old = ckpt_dir.with_name(ckpt_dir.name + ".tmp"), ckpt_dir.with_name(ckpt_dir.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(_flat(state), tmp / _STATE_FILE)
+    save_file(arrays, tmp / _STATE_FILE)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
     shutil.rmtree(old, ignore_errors=True)
     if ckpt_dir.exists():
@@ -327,7 +357,14 @@ def _fit(
     if found is not None:
         meta = json.loads((found / META_FILE).read_text())
         _check_resumable(meta, meta_base, found)
-        state = _unflat({"params": params, "opt_state": opt_state}, load_file(found / _STATE_FILE), found)
+        arrays = load_file(found / _STATE_FILE)
+        bad = _nonfinite(arrays)
+        if bad:  # written by a version that saved diverged states
+            raise ValueError(
+                f"resume: {found}: the checkpoint (step {meta['step']}) holds non-finite values in {len(bad)} "
+                f"tensors (e.g. {bad[0]}): the run had diverged; start a new run with a lower TrainConfig.lr"
+            )
+        state = _unflat({"params": params, "opt_state": opt_state}, arrays, found)
         params, opt_state = state["params"], state["opt_state"]
         sampler.set_state(meta["sampler_state"])
         start, history, prior_time = meta["step"], meta["history"], meta["train_time_s"]
@@ -346,39 +383,67 @@ def _fit(
     t_last, n_last = t_start, 0
     ema_num = ema_den = 0.0  # bias-corrected EMA of the training loss
 
-    def checkpoint(step):
+    def diverged(step, metric, value, what):
+        """Raise :class:`TrainingDiverged`, naming the last checkpoint on disk (all finite:
+        :func:`checkpoint` writes no other)."""
+        found = find_checkpoint(ckpt_dir)
+        ckpt_step = json.loads((found / META_FILE).read_text())["step"] if found is not None else None
+        kept = (f"No final model was written; the last finite checkpoint (step {ckpt_step}) is kept in {found} "
+                "(it resumes only with this run's settings, so start the new run in another folder)"
+                if found is not None else "No final model and no checkpoint were written")
+        raise TrainingDiverged(
+            f"{kind}: the run diverged at step {step}: {what}. {kept}. Lower the learning rate "
+            f"(TrainConfig.lr = {cfg.lr:g}) or lengthen the warmup (TrainConfig.warmup_steps = {cfg.warmup_steps}) "
+            "and train again",
+            step=step, metric=metric, loss=value, last_checkpoint=found, last_checkpoint_step=ckpt_step,
+        )
+
+    def checkpoint(step, loss):
+        arrays = _flat({"params": params, "opt_state": opt_state})  # on the host: checked for free
+        bad = sorted(_nonfinite(arrays), key=lambda k: not k.startswith("['params']"))  # params first
+        if bad:
+            diverged(step, "params", loss, f"{len(bad)} parameter / optimizer-state tensors are not finite "
+                                           f"(e.g. {bad[0]}; training loss {loss:.6g})")
         meta = {**meta_base, "step": step, "sampler_state": sampler.get_state(), "history": history,
                 "train_time_s": prior_time + time.perf_counter() - t_start}
-        _save_checkpoint(ckpt_dir, {"params": params, "opt_state": opt_state}, meta)
+        _save_checkpoint(ckpt_dir, arrays, meta)
 
     last = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     step = start
-    for step in range(start + 1, last + 1):
-        batch = jnp.asarray(sampler.next())
-        params, opt_state, loss, gnorm = _train_step(
-            params, opt_state, batch, consts, graphdef=graphdef, loss_fn=loss_fn, cfg=cfg
-        )
-        loss = float(loss)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"{kind}: loss is {loss} at step {step}; lower the learning rate")
-        ema_num, ema_den = 0.95 * ema_num + 0.05 * loss, 0.95 * ema_den + 0.05
-        ema = ema_num / ema_den
-        n_last += 1
-        now = time.perf_counter()
-        if now - t_last >= 5.0 or step == cfg.steps:
-            bar.set_postfix(loss=f"{ema:.3f}", gnorm=f"{float(gnorm):.2f}", tok_s=f"{n_last * tokens_per_step / (now - t_last):.0f}")
-            t_last, n_last = now, 0
-        bar.update(1)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            metrics = evaluate(nnx.merge(graphdef, params))
-            elapsed = prior_time + time.perf_counter() - t_start
-            entry = {"step": step, "train_loss": ema, **metrics, "time_s": round(elapsed, 1)}
-            history.append(entry)
-            bar.write(f"{kind} step {step}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                                                        for k, v in entry.items() if k != "step"), file=sys.stderr)
-        if step % cfg.checkpoint_every == 0 or step == last:
-            checkpoint(step)
-    bar.close()
+    try:
+        for step in range(start + 1, last + 1):
+            batch = jnp.asarray(sampler.next())
+            params, opt_state, loss, gnorm = _train_step(
+                params, opt_state, batch, consts, graphdef=graphdef, loss_fn=loss_fn, cfg=cfg
+            )
+            loss = float(loss)  # the one host read per step (EMA / progress bar); NaN is sticky in params
+            if not math.isfinite(loss):
+                diverged(step, "loss", loss, f"the training loss is {loss}")
+            ema_num, ema_den = 0.95 * ema_num + 0.05 * loss, 0.95 * ema_den + 0.05
+            ema = ema_num / ema_den
+            n_last += 1
+            now = time.perf_counter()
+            if now - t_last >= 5.0 or step == cfg.steps:
+                bar.set_postfix(loss=f"{ema:.3f}", gnorm=f"{float(gnorm):.2f}",
+                                tok_s=f"{n_last * tokens_per_step / (now - t_last):.0f}")
+                t_last, n_last = now, 0
+            bar.update(1)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                metrics = evaluate(nnx.merge(graphdef, params))
+                elapsed = prior_time + time.perf_counter() - t_start
+                entry = {"step": step, "train_loss": ema, **metrics, "time_s": round(elapsed, 1)}
+                bar.write(f"{kind} step {step}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                            for k, v in entry.items() if k != "step"), file=sys.stderr)
+                for k, v in metrics.items():
+                    if not math.isfinite(v):
+                        diverged(step, k, v, f"{k} (validation) is {v}")
+                history.append(entry)
+            # The last step always checkpoints, so the model returned (and exported) is checked
+            # finite; a run resumed at its last step returns a checkpoint checked when loaded.
+            if step % cfg.checkpoint_every == 0 or step == last:
+                checkpoint(step, loss)
+    finally:
+        bar.close()
     wall = time.perf_counter() - t_start
     return nnx.merge(graphdef, params), history, wall, prior_time + wall, step
 
@@ -413,8 +478,19 @@ def _val_windows(corpus: Corpus, config: TrainConfig) -> np.ndarray:
     return eval_windows(corpus.val, config.eval_windows, config.seq_len)
 
 
+def _json_safe(obj):
+    """``obj`` with non-finite floats as None: strict JSON (``json.dumps(..., allow_nan=False)``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def _write_summary(out_dir: Path, summary: dict) -> None:
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n")
 
 
 # ----------------------------------------------------------------------------- train
