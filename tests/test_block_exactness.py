@@ -181,7 +181,7 @@ def test_block_refuses_branching_trees_and_traced_parents():
     with pytest.raises(ValueError, match="needs concrete parents"):
         jax.jit(lambda par: jaxspec.speculative_accept(
             jax.random.key(0), par, jnp.array([1, 2]), p, p, scheme="iid", rule="block"))(jnp.array([-1, 0]))
-    with pytest.raises(ValueError, match="expected one of token, block, traversal"):
+    with pytest.raises(ValueError, match="expected one of auto, token, block, traversal"):
         jaxspec.speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]), p, p, scheme="iid", rule="nope")
 
 

@@ -474,7 +474,9 @@ def test_tree_defaults_to_the_cli_tree(pair):
     """``generate`` without ``tree=`` drafts the CLI's default tree (chain:4): same key, same
     tokens, and rounds of up to 5 tokens."""
     target, draft = pair
-    assert gen.DEFAULT_TREE == "chain:4"
+    from jaxspec.cli.generate import DEFAULT_TREE as CLI_TREE  # noqa: PLC0415
+
+    assert gen.DEFAULT_TREE == CLI_TREE == "chain:4"
     kw = dict(max_new_tokens=MAX_NEW, temperature=1.0)
     a = gen.generate(jax.random.key(5), target, draft, PROMPTS, **kw)
     b = gen.generate(jax.random.key(5), target, draft, PROMPTS, tree="chain:4", **kw)

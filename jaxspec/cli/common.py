@@ -33,6 +33,7 @@ from pathlib import Path
 __all__ = [
     "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model",
     "resolve_scheme", "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
+    "utf8_text", "resolve_tokenizer", "check_tokenizer_fits",
 ]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -88,6 +89,25 @@ unit_float = arg_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 seed_int = arg_type(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
 
 
+def utf8_text(s: str) -> str:
+    """An argparse ``type=`` for text (``--prompt``): refuses a string that is not valid
+    UTF-8, such as the lone surrogates (``"\\udcff"``) Python decodes undecodable
+    command-line bytes into; the message names the value (repr) and its first bad bytes."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = s[e.start:e.end]
+        try:
+            raw = os.fsencode(bad)  # the bytes the command line held, where they came from it
+        except UnicodeError:
+            raw = None
+        what = f"bytes {raw!r}" if raw is not None and len(raw) == len(bad) else f"characters {bad!r}"
+        raise argparse.ArgumentTypeError(
+            f"expected valid UTF-8 text, got {s!r} ({what} at position {e.start} are not UTF-8)"
+        ) from None
+    return s
+
+
 def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
     """Refuse, before any long work, an output folder that cannot be written.
 
@@ -125,6 +145,52 @@ def load_flag_model(flag: str, name: str):
         return load_model(name)
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(f"{flag}: {e}") from None
+
+
+def resolve_tokenizer(flag: str, name: str):
+    """The tokenizer of the model ``name`` that ``flag`` gave: the ``tokenizer.json`` of its
+    folder (an :class:`~jaxspec.nn.hf_tokenizer.HFTokenizer`, needs the ``tokenizers``
+    package) when there is one, else the byte-level
+    :class:`~jaxspec.nn.tokenizer.ByteTokenizer`. The one rule of every command that turns
+    text into token ids (``generate``, ``verify``); errors are :class:`CLIError` naming
+    ``flag`` and ``name``. :func:`check_tokenizer_fits` then checks it against the model."""
+    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+    from jaxspec.nn.tokenizer import ByteTokenizer
+
+    try:
+        folder = resolve_model_path(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
+    if not (folder / TOKENIZER_FILE).is_file():
+        return ByteTokenizer()
+    try:
+        return HFTokenizer.from_file(folder)
+    except (ImportError, ValueError, OSError) as e:
+        raise CLIError(f"{flag} {name}: {e}") from None
+
+
+def check_tokenizer_fits(flag: str, name: str, tok, vocab_size: int, *, alternative: str = "") -> None:
+    """Refuse a tokenizer (from :func:`resolve_tokenizer`) whose ids a model of
+    ``vocab_size`` tokens cannot take: a ``tokenizer.json`` with more tokens than the model,
+    or the byte tokenizer (no ``tokenizer.json``) for a vocabulary other than its own
+    (:data:`~jaxspec.nn.tokenizer.VOCAB_SIZE`). ``alternative`` ends the message (``"; or
+    pass ..."``)."""
+    from jaxspec.nn.tokenizer import VOCAB_SIZE, ByteTokenizer
+
+    if isinstance(tok, ByteTokenizer):
+        if vocab_size != VOCAB_SIZE:
+            from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE
+
+            raise CLIError(
+                f"{flag} {name}: its folder has no {TOKENIZER_FILE} and its vocab_size is {vocab_size}, not the "
+                f"byte tokenizer's {VOCAB_SIZE}; expected the model's {TOKENIZER_FILE} in the folder (text is "
+                f"tokenized with it){alternative}"
+            )
+    elif tok.vocab_size > vocab_size:
+        raise CLIError(
+            f"{flag} {name}: its tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}"
+        )
 
 
 def resolve_scheme(scheme: str | None, tree_spec: str, dynamic: bool, default: str) -> str:

@@ -34,11 +34,14 @@ import time
 from jaxspec.cli.common import (
     CLIError,
     Handler,
+    check_tokenizer_fits,
     command,
     load_flag_model,
     positive_int,
     resolve_scheme,
+    resolve_tokenizer,
     seed_int,
+    utf8_text,
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
 
@@ -48,6 +51,7 @@ DEFAULT_TREE = "chain:4"  # fastest measured on the default pair (benchmarks/dec
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
 DEFAULT_AUTO_MAX_DEPTH = 8
+DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
 
 # library argument names -> the flags that set them, in messages that reach the command line
 _FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
@@ -129,9 +133,9 @@ class _Stream:
 
 @command("generate", help="generate text with tree speculative decoding")
 def generate_command(p: argparse.ArgumentParser) -> Handler:
-    from jaxspec.core.rules import RULES
+    from jaxspec.core.rules import CHOICES
 
-    p.add_argument("--prompt", required=True, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
+    p.add_argument("--prompt", required=True, type=utf8_text, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
     p.add_argument("--max-new-tokens", type=_int, default=128, help="token budget (default 128)")
     p.add_argument(
         "--temperature", type=_float, default=DEFAULT_TEMPERATURE,
@@ -157,11 +161,14 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         help=f"sibling scheme (default {DEFAULT_SCHEME}; dynamic trees: deterministic, the only "
         "scheme they accept)",
     )
-    p.add_argument("--rule", choices=RULES, default="token",
-                   help="verification rule (default token; block: chains; traversal: static trees)")
+    p.add_argument("--rule", choices=CHOICES, default="auto",
+                   help="verification rule (default auto: block on a chain, token on other trees; block: chains; "
+                        "traversal: static trees)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, in [0, 2**32) (default 0)")
-    p.add_argument("--target", default="default-target", help="target model name or folder")
-    p.add_argument("--draft", default="default-draft", help="draft model name or folder")
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model name or folder (default {DEFAULT_TARGET})")
+    p.add_argument("--draft", default=None,
+                   help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target; "
+                        "required with another --target, unless --baseline)")
     p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--no-warmup", action="store_true",
@@ -179,6 +186,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             enable_compilation_cache()
 
         from jaxspec.core import sampling
+        from jaxspec.core.rules import resolve_rule, rule_name
         from jaxspec.core.treespec import DynamicTree, parse_tree
         from jaxspec.decode.generate import (
             build_ar_config,
@@ -205,7 +213,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                                     ("--retune", args.retune or None)) if v is not None]
             if given:
                 raise CLIError(f"{given[0]}: applies only to --tree auto, got --tree {args.tree}")
-        if auto and args.rule != "token":
+        if auto and args.rule not in ("token", "auto"):
             raise CLIError(f"--rule {args.rule}: --tree auto chooses among branching trees, which only "
                            "--rule token verifies; pass a --tree chain:K with --rule block")
         args.auto_budgets = budgets
@@ -218,24 +226,21 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                 raise CLIError(f"--tree: {e}") from None
         if not args.baseline:  # --baseline uses no scheme (its JSON reports none)
             args.scheme = resolve_scheme(args.scheme, args.tree, isinstance(tree, DynamicTree), DEFAULT_SCHEME)
-        tok = _tokenizer(args.target, "--target")
+        tok = resolve_tokenizer("--target", args.target)
         if not args.baseline:
-            _check_same_tokenizer(tok, _tokenizer(args.draft, "--draft"), args)
+            args.draft = _draft_name(args)
+            _check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
         target = load_flag_model("--target", args.target)
-        if not isinstance(tok, ByteTokenizer) and tok.vocab_size > target.config.vocab_size:
-            raise CLIError(
-                f"--target {args.target}: its tokenizer has {tok.vocab_size} tokens but the model's "
-                f"vocab_size is {target.config.vocab_size}"
-            )
         draft = None if args.baseline else load_flag_model("--draft", args.draft)
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
                 f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
             )
+        check_tokenizer_fits("--target", args.target, tok, target.config.vocab_size)
         _check_room(args, len(ids), target, draft, None if args.baseline else tree, auto)
         if not auto:  # the remaining checks of the library, before compiling
             try:
@@ -302,7 +307,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "mode": "baseline" if args.baseline else "speculative",
             "tree": None if args.baseline else args.tree,
             "scheme": None if args.baseline else args.scheme,
-            "rule": None if args.baseline else args.rule,
+            "rule": None if args.baseline else rule_name(resolve_rule(args.rule, tree)),
             "temperature": args.temperature,
             "top_k": args.top_k,
             "top_p": args.top_p,
@@ -336,22 +341,20 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
-def _tokenizer(name: str, flag: str):
-    """The model's tokenizer.json (HFTokenizer) if its folder has one, else the byte tokenizer."""
+def _draft_name(args) -> str:
+    """``--draft``, or, without one, the embedded draft for the embedded target (the
+    default ``--target``); another ``--target`` without ``--draft`` is a :class:`CLIError`
+    (the embedded draft drafts for no other model) asking for ``--draft`` or ``--baseline``."""
+    if args.draft is not None:
+        return args.draft
     from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
-    from jaxspec.nn.tokenizer import ByteTokenizer
 
-    try:
-        folder = resolve_model_path(name)
-    except (ValueError, FileNotFoundError) as e:
-        raise CLIError(f"{flag}: {e}") from None
-    if not (folder / TOKENIZER_FILE).is_file():
-        return ByteTokenizer()
-    try:
-        return HFTokenizer.from_file(folder)
-    except (ImportError, ValueError) as e:
-        raise CLIError(f"{flag} {name}: {e}") from None
+    if resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve():
+        return DEFAULT_DRAFT
+    raise CLIError(
+        f"--target {args.target}: expected a --draft for it (a draft model name or folder sharing its "
+        f"tokenizer), or --baseline for target-only sampling; {DEFAULT_DRAFT} drafts only for {DEFAULT_TARGET}"
+    )
 
 
 def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:

@@ -2,20 +2,29 @@
 :func:`main`, which runs one and turns its errors into one line and an exit status.
 
 Exit statuses: 0 success; 2 bad input (``jaxspec <cmd>: error: <msg>``, never a
-traceback); 1 another runtime failure; 130 interrupted; a subcommand may define more
-(``jaxspec verify``: 1 rejected, 3 inconclusive).
+traceback); 1 another runtime failure; 130 interrupted (Ctrl-C at any moment: one line
+``jaxspec <cmd>: interrupted``); a subcommand may define more (``jaxspec verify``: 1
+rejected, 3 inconclusive).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from jaxspec.cli import bench, export, generate, train, verify
 from jaxspec.cli.common import CLIError, Command
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "build_parser", "main"]
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a process that Ctrl-C ended
 
 #: the subcommands, in the order ``jaxspec --help`` lists them
 COMMANDS: tuple[Command, ...] = (
@@ -48,21 +57,142 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COMMANDS) -> int:
-    """Run the command line; returns the exit status (0 on success)."""
+def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COMMANDS,
+         exit_on_interrupt: bool | None = None) -> int:
+    """Run the command line; returns the exit status (0 on success).
+
+    Ctrl-C (``KeyboardInterrupt``) at any moment, from parsing to the end of the command:
+    one line ``jaxspec <cmd>: interrupted`` on stderr and status 130.
+
+    ``exit_on_interrupt`` (default: ``argv is None``, i.e. ``main`` runs the program itself:
+    the ``jaxspec`` script, ``python -m jaxspec.cli``) makes that hold for the process, see
+    :class:`_Interrupts`: it leaves with :func:`os._exit` (no interpreter teardown, where
+    XLA's threads, stopped mid-compilation, can crash it: status 139), also for a SIGINT
+    after the command (in ``atexit`` callbacks) or one that Python would swallow (in a
+    garbage-collector callback). Called with an ``argv`` (tests, other programs), ``main``
+    returns 130 instead and leaves the SIGINT handler alone.
+    """
+    if exit_on_interrupt is None:
+        exit_on_interrupt = argv is None
+    name = [_program_name(sys.argv[1:] if argv is None else argv, commands)]  # "jaxspec <cmd>"
+    interrupts = _Interrupts(name) if exit_on_interrupt else None
+    try:
+        if interrupts is not None:
+            interrupts.install()
+        status = _main(argv, commands, name)
+        if interrupts is not None:  # from here on, a SIGINT cannot raise into the teardown
+            interrupts.exit_on_next()
+        return status
+    except KeyboardInterrupt:
+        if interrupts is not None:
+            interrupts.exit()
+        print(f"{name[0]}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[str]) -> int:
     parser = build_parser(commands)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help / --version (0) or a usage error (2), already printed
         return e.code if isinstance(e.code, int) else 2
+    name[0] = f"jaxspec {args.command}"
     try:
         return int(args._handler(args) or 0)
     except (CLIError, ValueError, FileNotFoundError) as e:
-        print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name[0]}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"jaxspec {args.command}: interrupted", file=sys.stderr)
-        return 130
     except (OSError, FloatingPointError, RuntimeError) as e:
-        print(f"jaxspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name[0]}: error: {e}", file=sys.stderr)
         return 1
+
+
+def _program_name(argv: Sequence[str], commands: Sequence[Command]) -> str:
+    """``jaxspec <cmd>`` for the messages, from the command line itself (before its parser
+    is built: the subcommands' setup imports JAX, and a Ctrl-C may come then)."""
+    try:
+        first = next((a for a in argv if not str(a).startswith("-")), None)
+    except TypeError:  # not a sequence of strings: argparse reports it
+        return "jaxspec"
+    return f"jaxspec {first}" if first in {c.name for c in commands} else "jaxspec"
+
+
+class _Interrupts:
+    """SIGINT for :func:`main` running the program: status 130 and one line, whenever it comes.
+
+    * During the command, a SIGINT raises ``KeyboardInterrupt`` (so that a command can say
+      what it leaves, e.g. where ``train --resume`` continues); ``main`` catches it and calls
+      :meth:`exit`: flush stdout and stderr, print the line, ``os._exit(130)``, skipping the
+      interpreter's teardown (XLA's compiling threads crash it: status 139).
+    * A SIGINT while a garbage-collector callback or a ``__del__`` runs (JAX has one; Python
+      prints and drops exceptions raised there) is delivered again a moment later, outside.
+    * Whatever swallows the ``KeyboardInterrupt`` (a library's ``except BaseException``),
+      :data:`GRACE_S` seconds after the first SIGINT a watchdog thread exits the same way.
+    * After the command (:meth:`exit_on_next`): a SIGINT exits at once (during ``atexit``
+      callbacks it would be "Exception ignored" and the command's status).
+    """
+
+    GRACE_S = 5.0
+
+    def __init__(self, name: list[str]):
+        self.name = name  # main's holder of "jaxspec <cmd>"
+        self.lock = threading.Lock()
+        self.watchdog: threading.Thread | None = None
+
+    def install(self) -> None:
+        _on_sigint(self._during_command)
+
+    def exit_on_next(self) -> None:
+        _on_sigint(lambda signum, frame: self.exit())
+
+    def exit(self) -> NoReturn:
+        """The line (once, whichever thread comes first), flushed outputs, ``os._exit(130)``."""
+        _on_sigint(signal.SIG_IGN)  # a second Ctrl-C meanwhile: no second line
+        with self.lock:  # held to the end: a second caller waits for os._exit
+            _flush()
+            try:
+                print(f"{self.name[0]}: interrupted", file=sys.stderr, flush=True)
+            except (OSError, ValueError, AttributeError):  # a closed stderr
+                pass
+            os._exit(EXIT_INTERRUPTED)
+
+    def _during_command(self, signum, frame) -> None:
+        if self.watchdog is None:
+            self.watchdog = threading.Thread(target=self._watch, name="jaxspec-interrupt", daemon=True)
+            self.watchdog.start()
+        if _in_swallowing_frame(frame):
+            again = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        time.sleep(self.GRACE_S)
+        self.exit()
+
+
+def _in_swallowing_frame(frame) -> bool:
+    """Whether ``frame`` runs (in) a garbage-collector callback or a ``__del__``, where
+    Python prints an exception as "Exception ignored in ..." and drops it."""
+    codes = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in codes or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # a closed pipe, a closed or absent stream
+            pass
+
+
+def _on_sigint(handler) -> None:
+    try:
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: Python delivers SIGINT to the main thread only
+        pass

@@ -27,12 +27,15 @@ from jaxspec.cli.common import (
     Handler,
     arg_type,
     check_output_dir,
+    check_tokenizer_fits,
     command,
     load_flag_model,
     nonneg_float,
     positive_int,
     resolve_scheme,
+    resolve_tokenizer,
     seed_int,
+    utf8_text,
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
 
@@ -73,8 +76,11 @@ _probability = arg_type(float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)")
 _top_p = arg_type(float, lambda x: 0.0 < x <= 1.0, "a number in (0, 1]")
 
 
-def _parse_prompt(text: str | None, vocab_size: int):
-    """Comma-separated token ids, or text for byte-tokenizer models."""
+def _parse_prompt(text: str | None, vocab_size: int, target: str | None = None):
+    """Comma-separated token ids, or text tokenized as ``jaxspec generate`` does
+    (:func:`jaxspec.cli.common.resolve_tokenizer`: the ``tokenizer.json`` of the ``--target``
+    folder, else the byte tokenizer, for a vocabulary of its size). ``target`` None: the tiny
+    random pair, which has no tokenizer (only the byte tokenizer, if its vocabulary fits)."""
     if text is None:
         return None
     parts = [p.strip() for p in text.split(",")]
@@ -87,18 +93,25 @@ def _parse_prompt(text: str | None, vocab_size: int):
         return ids
     from jaxspec.nn.tokenizer import VOCAB_SIZE, ByteTokenizer
 
-    if vocab_size != VOCAB_SIZE:
-        raise CLIError(f"--prompt {text!r}: expected comma-separated token ids (text needs the byte tokenizer's "
-                       f"vocabulary of {VOCAB_SIZE}; the target has {vocab_size})")
-    ids = ByteTokenizer().encode(text)
+    if target is None:
+        if vocab_size != VOCAB_SIZE:
+            raise CLIError(f"--prompt {text!r}: expected comma-separated token ids (text needs the byte "
+                           f"tokenizer's vocabulary of {VOCAB_SIZE}, or a --target with a tokenizer.json; the "
+                           f"target has {vocab_size})")
+        tok = ByteTokenizer()
+    else:
+        tok = resolve_tokenizer("--target", target)
+        check_tokenizer_fits("--target", target, tok, vocab_size,
+                             alternative=f"; or pass --prompt as comma-separated token ids, not {text!r}")
+    ids = tok.encode(text)
     if not ids:
-        raise CLIError("--prompt: expected at least one token")
+        raise CLIError(f"--prompt {text!r}: expected at least one token")
     return ids
 
 
 @command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)")
 def verify_command(p: argparse.ArgumentParser) -> Handler:
-    from jaxspec.core.rules import RULES
+    from jaxspec.core.rules import CHOICES
     from jaxspec.core.sampling import SCHEMES
     from jaxspec.exactness.harness import DEFAULT_SCHEME, DEFAULT_TREE
     from jaxspec.exactness.mutants import MUTANTS
@@ -116,8 +129,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--scheme", choices=SCHEMES, default=None,
                    help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
                         "they accept)")
-    g.add_argument("--rule", choices=RULES, default="token",
-                   help="verification rule (default: token; block: chains; traversal: static trees)")
+    g.add_argument("--rule", choices=CHOICES, default="auto",
+                   help="verification rule (default: auto, block on a chain and token on other trees; block: "
+                        "chains; traversal: static trees)")
     g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
     g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")
@@ -133,8 +147,10 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g = p.add_argument_group("models and prompt")
     g.add_argument("--target", help="target model name or folder (default: the tiny random pair)")
     g.add_argument("--draft", help="draft model name or folder (with --target)")
-    g.add_argument("--prompt", help="comma-separated token ids, or text for byte-tokenizer models "
-                                    "(default: 1,2,3)")
+    g.add_argument("--prompt", type=utf8_text,
+                   help="comma-separated token ids, or text (tokenized as jaxspec generate does: with the "
+                        "--target folder's tokenizer.json, else as UTF-8 bytes for a 264-token vocabulary) "
+                        "(default: 1,2,3)")
     g = p.add_argument_group("statistics")
     g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
@@ -181,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
 
         target, draft = default_pair(0)
     vocab = target.config.vocab_size
-    prompt = _parse_prompt(args.prompt, vocab)
+    prompt = _parse_prompt(args.prompt, vocab, args.target)
     h = args.horizon
     if args.top_k is None and args.temperature != 0 and vocab > 1 and (h > 64 or vocab**h > MAX_CELLS):
         raise CLIError(

@@ -11,7 +11,11 @@ the conventions of docs/DESIGN.md §1 (row 0 is the law at the root, row ``i + 1
 law after node i; ``draft_probs[r]`` is the law the children of row ``r`` were drawn from).
 It returns the accepted path and one extra token (:class:`~jaxspec.AcceptResult`).
 
-Built-in rules (``rule=`` takes the name):
+Built-in rules (``rule=`` takes the name; ``"auto"``, the default of :func:`jaxspec.generate`
+and :func:`jaxspec.verify`, is ``"block"`` on a static chain and ``"token"`` on every other
+tree: block verification accepts at least as many tokens at about the same cost per round,
+while traversal's longer loop costs more than it gains on this CPU; benchmarks/README.md,
+rule_gains):
 
 =============  ===============================================  =========================
 name           what it does                                     lossless with (proved by
@@ -41,9 +45,14 @@ from jaxspec.core.sampling import SCHEMES
 from jaxspec.core.traversal import traversal_accept
 from jaxspec.core.treespec import DynamicTree, StaticTree
 
-__all__ = ["RULES", "SUPPORTED", "check_rule", "rule_function", "rule_name", "tree_kind"]
+__all__ = ["AUTO", "CHOICES", "RULES", "SUPPORTED", "check_rule", "resolve_rule", "rule_function", "rule_name",
+           "tree_kind"]
 
 RULES = ("token", "block", "traversal")
+#: the automatic choice: block verification on a static chain, the token rule elsewhere
+AUTO = "auto"
+#: every name ``rule=`` and ``--rule`` take
+CHOICES = (AUTO, *RULES)
 
 #: (rule, tree kind) -> the schemes it is proved lossless with. Tree kinds: "chain" (a
 #: static chain), "tree" (any other static tree), "dynamic" (a DynamicTree).
@@ -67,6 +76,14 @@ def tree_kind(tree) -> str:
     return "chain" if is_chain(parents) else "tree"
 
 
+def resolve_rule(rule, tree):
+    """``rule`` with ``"auto"`` replaced by the rule it picks for ``tree`` (a StaticTree, a
+    DynamicTree or concrete parents): ``"block"`` on a chain, ``"token"`` otherwise."""
+    if isinstance(rule, str) and rule == AUTO:
+        return "block" if tree_kind(tree) == "chain" else "token"
+    return rule
+
+
 def rule_name(rule) -> str:
     """The name a rule is reported under: its built-in name, or the function's name."""
     if isinstance(rule, str):
@@ -81,11 +98,12 @@ def check_rule(rule, scheme: str, tree) -> Callable:
     returned as it is (the caller's claim)."""
     if callable(rule) and not isinstance(rule, str):
         return rule
-    if rule not in RULES:
+    if rule not in CHOICES:
         raise ValueError(
-            f"rule = {rule!r}: expected one of {', '.join(RULES)} or a function with the signature "
+            f"rule = {rule!r}: expected one of {', '.join(CHOICES)} or a function with the signature "
             "of jaxspec.core.acceptance.accept_core"
         )
+    rule = resolve_rule(rule, tree)
     kind = tree_kind(tree)
     schemes = SUPPORTED.get((rule, kind), ())
     if scheme not in schemes:

@@ -319,7 +319,10 @@ def _check_parts(parts) -> RoundParts:
 
 def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
     """``parts`` with the acceptance step of ``rule`` (checked against the scheme and the
-    tree); a rule other than ``"token"`` and a replaced ``parts.accept`` conflict."""
+    tree); a rule other than ``"token"`` or ``"auto"`` and a replaced ``parts.accept``
+    conflict (``"auto"`` leaves a replaced acceptance step in place)."""
+    if isinstance(rule, str) and rule == rules.AUTO and parts.accept is not RoundParts().accept:
+        return parts
     accept = rules.check_rule(rule, scheme, spec)
     if accept is parts.accept or (isinstance(rule, str) and rule == "token"):
         return parts  # the default rule leaves a replaced parts.accept in place
@@ -440,7 +443,7 @@ def generate(
     max_new_tokens: int,
     tree=DEFAULT_TREE,
     scheme: str = "without_replacement",
-    rule="token",
+    rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -466,7 +469,8 @@ def generate(
         the tree of ``jaxspec generate``).
       scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
         (dynamic trees: ``"deterministic"`` only).
-      rule: the verification rule, ``"token"``, ``"block"`` (chains) or ``"traversal"``,
+      rule: the verification rule: ``"auto"`` (default: ``"block"`` on a static chain,
+        ``"token"`` on any other tree), ``"token"``, ``"block"`` (chains) or ``"traversal"``,
         or a function with the signature of :func:`jaxspec.core.acceptance.accept_core`
         (:mod:`jaxspec.core.rules` lists the combinations each rule is proved lossless
         on; the others are refused).
@@ -564,7 +568,7 @@ def build_config(
     max_new_tokens: int,
     tree,
     scheme: str = "without_replacement",
-    rule="token",
+    rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,

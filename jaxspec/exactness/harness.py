@@ -275,7 +275,7 @@ def verify(
     *,
     tree=DEFAULT_TREE,
     scheme: str = DEFAULT_SCHEME,
-    rule="token",
+    rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -339,6 +339,8 @@ def verify(
         if parts is not None:
             raise ValueError("mutant/parts: pass one of them (a mutant is a RoundParts of its own)")
         parts = mutants.round_parts(mutant)
+        if isinstance(rule, str) and rule == rules.AUTO:
+            rule = mutants.MUTANT_RULE[mutant]  # a mutant runs with the rule it breaks
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
                    draft_temperature, draft_top_k, draft_top_p, rule, parts)
@@ -361,7 +363,7 @@ def verify(
 
     # the exact expectations, hence the set of tests, are fixed before any sample is drawn
     acc_exp, acc_note = None, ""
-    rule_label = rules.rule_name(rule)
+    rule_label = rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree))
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         rule_label = mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
         kinds = ("chain",) if rule_label == "block" else ("chain", "tree")
@@ -450,7 +452,7 @@ def verify(
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
         "scheme": scheme,
-        "rule": rules.rule_name(rule),
+        "rule": rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree)),
         "temperature": setup.temperature,
         "top_k": setup.target_warp["top_k"],
         "top_p": setup.target_warp["top_p"],
