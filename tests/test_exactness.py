@@ -15,6 +15,7 @@ suite runs 2^14 - 2^15 samples per run; the slow suite the product default of 10
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -155,6 +156,17 @@ def test_temperature_zero_is_one_cell():
     """Greedy: one cell of probability 1 (the temperature is traced: same compilation)."""
     r = verify(temperature=0.0, num_samples=SMALL, check_acceptance=False, progress=False)
     assert r.num_cells == 1 and r.spec_counts[0] == SMALL and r.passed
+
+
+def test_temperature_zero_report_says_it_tests_greedy_equality_only(capsys):
+    """... and a run of several blocks prints its estimated duration after the first one."""
+    from jaxspec.exactness.harness import GREEDY_SCOPE  # noqa: PLC0415
+
+    r = verify(temperature=0.0, num_samples=256, chunk_size=32, check_acceptance=False, progress=True)
+    err = capsys.readouterr().err
+    assert re.search(r"speculative: about \d+ s left \([\d,]+ samples/s after compiling in \d+ s\)", err), err
+    assert r.config["scope"] == GREEDY_SCOPE and "greedy equality only" in r.summary()
+    assert r.num_cells == 1 and r.to_dict()["config"]["scope"] == GREEDY_SCOPE
 
 
 def test_public_names_stay_importable_from_exactness():

@@ -482,3 +482,16 @@ def test_tree_defaults_to_the_cli_tree(pair):
     b = gen.generate(jax.random.key(5), target, draft, PROMPTS, tree="chain:4", **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     assert len(a.accepted_per_depth[0]) == 4
+
+
+def test_cli_and_python_defaults_agree():
+    """``jaxspec generate`` and ``jaxspec.generate`` sample the same way by default."""
+    import inspect  # noqa: PLC0415
+
+    from jaxspec.cli import build_parser  # noqa: PLC0415
+
+    args = build_parser().parse_args(["generate", "--prompt", "x"])
+    params = inspect.signature(gen.generate).parameters
+    assert args.temperature == params["temperature"].default == 1.0
+    assert args.tree == params["tree"].default == "chain:4"
+    assert args.rule == params["rule"].default == "auto"

@@ -47,8 +47,8 @@ from jaxspec.cli.compile_cache import enable_compilation_cache
 
 __all__ = ["generate_command"]
 
-DEFAULT_TREE = "chain:4"  # fastest measured on the default pair (benchmarks/decode_speed.py)
-DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TREE = "chain:4"  # jaxspec.generate's default too (tests/test_generate.py checks they agree)
+DEFAULT_TEMPERATURE = 1.0  # jaxspec.generate's and jaxspec.verify's: the model's own law
 DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
 DEFAULT_AUTO_MAX_DEPTH = 8
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair

@@ -169,6 +169,12 @@ class _Setup:
     draft_warp: dict
 
 
+#: what a temperature-0 run shows (its report's ``config["scope"]``)
+GREEDY_SCOPE = ("temperature 0: the target law is one cell (the greedy sequence), so this run tests greedy "
+                "equality only; decoders broken in the law at other temperatures (e.g. the depth-row and "
+                "causal-mask mutants) pass it. Run at a temperature > 0 to test the sampling law.")
+
+
 def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
            draft_temperature, draft_top_k, draft_top_p, rule="token", parts=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
@@ -453,6 +459,9 @@ def verify(
         "tree_resolved": str(setup.spec_cfg.tree),
         "scheme": scheme,
         "rule": rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree)),
+        # at temperature 0 the target law is a single sequence: the tests can only see whether
+        # the decoder emits it, not whether it would sample the law at any other temperature
+        "scope": (GREEDY_SCOPE if setup.temperature == 0.0 else None),
         "temperature": setup.temperature,
         "top_k": setup.target_warp["top_k"],
         "top_p": setup.target_warp["top_p"],

@@ -211,6 +211,8 @@ class VerifyReport:
                          f"observed [{obs}] expected [{exp}]")
         if self.acceptance_note:
             lines.append(f"  note: {self.acceptance_note}")
+        if c.get("scope"):
+            lines.append(f"  note: {c['scope']}")
         lines.append(f"  tokens per round (speculative run): {self.tokens_per_round:.4f}")
         for t in self.rejected:
             if t.detail:

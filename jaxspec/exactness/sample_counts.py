@@ -152,13 +152,28 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
         out = fn(states, key_data, _global(blocks, sharded), _global(n_valid, sharded), temps, levels)
         if s == 0:  # tracing and compilation happen in the first (blocking) dispatch
             timing["compile_s"] = time.perf_counter() - t0
+            t_run = time.perf_counter()
         if pending is not None:
             collect(*pending)
+            if s == 1 and progress and num_steps > 2:
+                # the first block's run time (its counts just arrived) times the blocks left:
+                # at a few hundred samples/s the bar alone would sit at 0 % for minutes
+                per_step = time.perf_counter() - t_run
+                bar.write(f"{desc}: about {_duration(per_step * (num_steps - 1))} left "
+                          f"({n_dev * chunk / per_step:,.0f} samples/s after compiling in {timing['compile_s']:.0f} s)",
+                          file=sys.stderr)
         pending = (out, int(n_valid.sum()))
     collect(*pending)
     bar.close()
     timing["total_s"] = time.perf_counter() - t_all
     return totals, timing
+
+
+def _duration(seconds: float) -> str:
+    """``"42 s"``, ``"7.5 min"``, ``"3.2 h"``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):
