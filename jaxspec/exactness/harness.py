@@ -345,8 +345,8 @@ def verify(
         if parts is not None:
             raise ValueError("mutant/parts: pass one of them (a mutant is a RoundParts of its own)")
         parts = mutants.round_parts(mutant)
-        if isinstance(rule, str) and rule == rules.AUTO:
-            rule = mutants.MUTANT_RULE[mutant]  # a mutant runs with the rule it breaks
+        if isinstance(rule, str) and rule == rules.AUTO and mutants.MUTANT_RULE[mutant] == "token":
+            rule = "token"  # a mutant runs with the rule it breaks (the others replace the acceptance step)
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
                    draft_temperature, draft_top_k, draft_top_p, rule, parts)
