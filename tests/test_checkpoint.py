@@ -380,7 +380,7 @@ def test_hf_tokenizer_not_installed(tmp_path, monkeypatch):
 
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(ImportError, match=r"jaxspec\[hf\]"):
+    with pytest.raises(ImportError, match=r"pip install .jaxspec\[tokenizers\]."):  # the small extra, no torch
         HFTokenizer.from_file(tmp_path)
 
 
