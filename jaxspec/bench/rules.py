@@ -373,7 +373,10 @@ def plot(report: dict, path) -> None:
     bx.set_xticks(range(len(labels)), [f"{t}\nT={temp:g}" for t, temp in labels], fontsize=8)
     bx.set_ylabel("speedup vs target-only (labels: tau)")
     bx.set_title(f"generate, default pair, batch 1 ({report['machine']['backend']}, {report['size']})")
-    bx.legend(fontsize=8)
+    if rows:
+        bx.legend(fontsize=8)
+    else:
+        bx.text(0.5, 0.5, "generate not run", ha="center", va="center", transform=bx.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
