@@ -165,7 +165,9 @@ RAGGED_CASE = ("branch", "without_replacement", "none")
 # p-values compared with THRESH: 5 per case (joint, 3 marginals, two-sample), 4 per ragged
 # group (joint, 3 marginals), one per autoregressive control
 BLOCK_CASES = [("chain", "iid", "none"), ("chain", "deterministic", "t0.7_topk3")]
-assert 5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES)) + 4 * len(RAGGED) + len(WARPS) <= NUM_TESTS
+TRAVERSAL_CASES = [("branch", "without_replacement", "none")]
+assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES)) + 4 * len(RAGGED) + len(WARPS)
+        <= NUM_TESTS)
 
 
 @pytest.mark.parametrize(
@@ -185,6 +187,14 @@ def test_generate_block_rule_matches_exact_target_law(tree, scheme, warp_key):
     seed = 5000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="block")
     _check(counts, _exact(warp_key), f"block/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+@pytest.mark.parametrize("tree,scheme,warp_key", TRAVERSAL_CASES)
+def test_generate_traversal_rule_matches_exact_target_law(tree, scheme, warp_key):
+    """generate(rule="traversal") on a branching tree: the same end-to-end law."""
+    seed = 6000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="traversal")
+    _check(counts, _exact(warp_key), f"traversal/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
 
 def test_generate_ragged_batch_matches_each_prompts_law():
