@@ -45,11 +45,30 @@ __all__ = [
     "write_report",
     "jsonable",
     "pyplot",
+    "TINY_VOCAB",
+    "model_pair",
 ]
 
 #: benchmark sizes: ``full`` (the published figures), ``quick`` (minutes on 2 CPU cores),
 #: ``tiny`` (seconds; exercises the code paths in tests, figures meaningless)
 SIZES = ("full", "quick", "tiny")
+
+
+#: vocabulary of the tiny random pair: the byte tokenizer's, so it reads the same prompts and corpus
+TINY_VOCAB = 264
+
+
+def model_pair(kind: str):
+    """``(target, draft)`` of the benchmarks: ``"default"``, the embedded pair; ``"tiny"``, a
+    small random pair whose draft is correlated with the target (acceptance > 0; figures
+    meaningless, code paths exercised)."""
+    if kind == "tiny":
+        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
+
+        return default_pair(0, vocab_size=TINY_VOCAB, hidden_size=32)
+    from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
+
+    return load_model("default-target"), load_model("default-draft")
 
 
 def check_size(size: str) -> str:

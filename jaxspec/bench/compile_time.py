@@ -76,11 +76,9 @@ def _first_and_steady(call: Callable[[], object], repeats: int) -> tuple[float, 
 
 
 def _models(kind: str):
-    if kind == "tiny":
-        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
-
-        return default_pair(0, vocab_size=264, hidden_size=32), "tiny random pair (exactness.default_pair, V=264)"
-    return (jaxspec.load_model("default-target"), jaxspec.load_model("default-draft")), "default-target/draft"
+    desc = (f"tiny random pair (exactness.default_pair, V={common.TINY_VOCAB})" if kind == "tiny"
+            else "default-target/draft")
+    return common.model_pair(kind), desc
 
 
 def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dict:

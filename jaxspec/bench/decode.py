@@ -58,7 +58,7 @@ from jaxspec.nn.cache import init_cache
 from jaxspec.nn.masks import tree_cache_mask
 from jaxspec.nn.model import Transformer
 
-__all__ = ["NAME", "DecodeBenchConfig", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
+__all__ = ["NAME", "DecodeBenchConfig", "sibling_scheme", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
 
 NAME = "decode_speed"
 DEFAULT_PROMPT = "The history of the city begins with"
@@ -85,7 +85,7 @@ ROW_FIELDS = (
     "seconds_per_call", "overhead_ms_per_round",
 )
 
-TINY_VOCAB = 264  # the byte tokenizer's, so the tiny models read the same prompts and corpus
+TINY_VOCAB = common.TINY_VOCAB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,16 +130,11 @@ CONFIGS = {
 
 
 def _models(kind: str) -> tuple[Transformer, Transformer, dict]:
-    if kind == "tiny":  # a random pair whose draft is correlated with the target (acceptance > 0)
-        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
-
-        target, draft = default_pair(0, vocab_size=TINY_VOCAB, hidden_size=32)
+    target, draft = common.model_pair(kind)
+    if kind == "tiny":
         return target, draft, {"target": f"tiny random (exactness.default_pair, V={TINY_VOCAB})",
                                "draft": "its mixed draft"}
-    from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
-
-    return load_model("default-target"), load_model("default-draft"), {"target": "default-target",
-                                                                         "draft": "default-draft"}
+    return target, draft, {"target": "default-target", "draft": "default-draft"}
 
 
 def _prompts(batch: int) -> list[list[int]]:
@@ -178,7 +173,9 @@ def _forward_loop(model: Transformer, batch: int, t: int, capacity: int, prefix:
     return lambda i: run(state, cache, tokens)
 
 
-def _scheme(spec, temperature: float) -> str:
+def sibling_scheme(spec, temperature: float) -> str:
+    """The scheme the benchmarks decode ``spec`` with: ``deterministic`` for a dynamic tree or at
+    temperature 0 (the draft's top-k), else ``without_replacement``."""
     return "deterministic" if isinstance(spec, DynamicTree) or temperature == 0.0 else "without_replacement"
 
 
@@ -269,7 +266,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
 
             for name in trees:
                 spec, label, kind = _resolve(name, optimized.get(temp))
-                scheme = _scheme(spec, temp)
+                scheme = sibling_scheme(spec, temp)
                 if not _supported(rule, spec, scheme):
                     skipped.append({"batch": batch, "temperature": temp, "tree": label, "scheme": scheme})
                     common.log(f"decode: B={batch} T={temp:g} {label}: skipped, rule {rule!r} does not support it "

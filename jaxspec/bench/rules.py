@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench import common
+from jaxspec.bench.decode import DEFAULT_PROMPT, sibling_scheme
 from jaxspec.core import rules as rules_mod
 from jaxspec.core import sampling
 from jaxspec.core.treespec import StaticTree, parse_tree
@@ -194,28 +195,10 @@ def _sampled_rows(cfg: RuleBenchConfig) -> list[dict]:
 # --------------------------------------------------------------------------- generate
 
 
-def _models(kind: str):
-    from jaxspec.bench.decode import TINY_VOCAB  # noqa: PLC0415
-
-    if kind == "tiny":
-        from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
-
-        return default_pair(0, vocab_size=TINY_VOCAB, hidden_size=32)
-    from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
-
-    return load_model("default-target"), load_model("default-draft")
-
-
-def _scheme(temperature: float) -> str:
-    """The sibling scheme ``generate`` is run with: the draft's top-k at temperature 0."""
-    return "deterministic" if temperature == 0.0 else "without_replacement"
-
-
 def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
-    from jaxspec.bench.decode import DEFAULT_PROMPT  # noqa: PLC0415
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
-    target, draft = _models(cfg.models)
+    target, draft = common.model_pair(cfg.models)
     prompt = ByteTokenizer().encode(DEFAULT_PROMPT, add_bos=True)
     m = cfg.max_new_tokens
     rows = []
@@ -226,7 +209,7 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
 
         for spec, rule_names in cfg.generate:
             tree = parse_tree(spec)
-            scheme = _scheme(temp)
+            scheme = sibling_scheme(tree, temp)
             fns = {"target_only": ar}
             for r in rule_names:
                 def sp(i, r=r, temp=temp, tree=tree, scheme=scheme):
@@ -254,12 +237,13 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
             ar_tokens = int(np.asarray(outs["target_only"].lengths).sum())
             ar_tps = ar_tokens / sec["target_only"]
             for r in rule_names:
-                tps = outs[r].summary()["tokens"] / sec[r]
+                last_tokens = outs[r].summary()["tokens"]  # of the last timed call, as sec[r] is per call
+                tps = last_tokens / sec[r]
                 row = {"tree": spec, "temperature": temp, "scheme": scheme, "rule": r,
                        "tau": totals[r][0] / max(totals[r][1], 1), "tokens": totals[r][0],
                        "target_calls": totals[r][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
                        "speedup": tps / ar_tps,
-                       "speedup_turn_range": [x * outs[r].summary()["tokens"] / ar_tokens
+                       "speedup_turn_range": [x * last_tokens / ar_tokens
                                               for x in common.turn_range(turns["target_only"], turns[r])],
                        "seconds_per_call": sec[r],
                        "same_tokens": tokens_of[r] == tokens_of[rule_names[0]]}
@@ -273,9 +257,10 @@ def run(size: str = "quick", *, config: RuleBenchConfig | None = None) -> dict:
     """Measure everything of ``CONFIGS[size]`` (or of ``config``); returns the report."""
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     for spec, rule_names in cfg.generate:  # before any measurement: an unsupported pair fails at once
+        tree = parse_tree(spec)
         for r in rule_names:
             for temp in cfg.temperatures:
-                rules_mod.check_rule(r, _scheme(temp), parse_tree(spec))
+                rules_mod.check_rule(r, sibling_scheme(tree, temp), tree)
     exact = _exact_rows(cfg)
     sampled = _sampled_rows(cfg)
     generated, prompt = _generate_rows(cfg) if cfg.generate else ([], [])

@@ -369,7 +369,8 @@ def verify(
 
     # the exact expectations, hence the set of tests, are fixed before any sample is drawn
     acc_exp, acc_note = None, ""
-    rule_label = rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree))
+    rule_resolved = rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree))  # "auto" -> its pick
+    rule_label = rule_resolved
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         rule_label = mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
         kinds = ("chain",) if rule_label == "block" else ("chain", "tree")
@@ -458,7 +459,7 @@ def verify(
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
         "scheme": scheme,
-        "rule": rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree)),
+        "rule": rule_resolved,
         # at temperature 0 the target law is a single sequence: the tests can only see whether
         # the decoder emits it, not whether it would sample the law at any other temperature
         "scope": (GREEDY_SCOPE if setup.temperature == 0.0 else None),
