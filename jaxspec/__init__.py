@@ -19,6 +19,53 @@ Public API (see docs/DESIGN.md §5):
 * statistics for exactness claims: :mod:`jaxspec.exactness.stats`.
 """
 
+#: the ``jaxspec`` subcommands, for the line below (tests/test_cli_robust.py checks them
+#: against ``jaxspec.cli.main.COMMANDS``, which this module must not import)
+_COMMAND_NAMES = ("train", "distill", "bench", "export", "generate", "verify")
+
+
+def _exit_130_on_ctrl_c_while_the_command_starts() -> None:
+    """The ``jaxspec`` command (its console script, ``python -m jaxspec.cli``) imports this
+    package, hence JAX, for seconds before :func:`jaxspec.cli.main` installs its SIGINT
+    handling: a Ctrl-C meanwhile exits 130 with the one line ``jaxspec <cmd>: interrupted``,
+    as at any later moment, not a KeyboardInterrupt traceback. ``main`` then replaces this
+    handler. Any other program importing jaxspec is left alone."""
+    import os
+    import signal
+    import sys
+
+    argv, main_file = sys.argv, getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    script = os.path.basename(main_file) in ("jaxspec", "jaxspec.exe", "jaxspec-script.py")
+    # python -m M: argv[0] is "-m" while M's packages are imported; M is in the original argv
+    orig = getattr(sys, "orig_argv", [])
+    module = argv[:1] == ["-m"] and len(orig) >= len(argv) and orig[len(orig) - len(argv)].removeprefix("-m") in (
+        "jaxspec.cli", "jaxspec.cli.__main__")
+    if not (script or module):
+        return
+    first = next((a for a in argv[1:] if not a.startswith("-")), None)
+    name = f"jaxspec {first}" if first in _COMMAND_NAMES else "jaxspec"
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: no second line
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        try:
+            print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        except (OSError, ValueError, AttributeError):
+            pass
+        os._exit(130)  # no teardown: XLA's threads may be half-started
+
+    try:
+        signal.signal(signal.SIGINT, interrupted)
+    except ValueError:  # not the main thread
+        pass
+
+
+_exit_130_on_ctrl_c_while_the_command_starts()
+
 from jaxspec.core import sampling
 from jaxspec.core.acceptance import (
     AcceptResult,
@@ -50,6 +97,7 @@ from jaxspec.core.tree import (
 )
 from jaxspec.core.treespec import DynamicTree, parse_tree
 from jaxspec.decode.generate import GenerateResult, generate, generate_autoregressive
+from jaxspec.decode.ngram import NgramDraft
 from jaxspec.decode.round import RoundParts
 from jaxspec.nn.cache import KVCache, advance, commit, init_cache
 from jaxspec.nn.checkpoint import embedded_models, load_model, save_model
@@ -76,7 +124,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SCHEMES", "AcceptResult", "AcceptanceEstimate", "ByteTokenizer", "DynamicTree", "GenerateResult", "KVCache",
-    "ModelConfig", "OptimizedTree", "RoundParts", "Transformer", "accept_probabilities", "advance", "branching",
+    "ModelConfig", "NgramDraft", "OptimizedTree", "RoundParts", "Transformer", "accept_probabilities", "advance", "branching",
     "branching_widths", "causal_cache_mask", "chain", "commit", "decode_step", "draw", "draw_deterministic",
     "draw_iid", "draw_without_replacement", "embedded_models", "expected_accepted", "forward_logits",
     "from_parents", "generate", "generate_autoregressive", "init_cache", "init_model", "load_model",

@@ -45,7 +45,7 @@ def test_decode_tiny(tmp_path):
     (row,) = on_disk["results"]
     assert set(ROW_FIELDS) <= set(row)
     for k in ("tau", "tokens_per_s", "target_only_tokens_per_s", "speedup", "ideal_speedup", "t_target_step_ms",
-              "t_draft_step_ms", "t_verify_ms", "target_only_ms_per_token", "seconds_per_call", "rounds"):
+              "t_draft_step_ms", "t_verify_ms", "target_only_ms_per_token", "seconds_per_call", "loop_rounds"):
         assert _positive(row[k]), (k, row[k])
     assert (row["batch"], row["temperature"], row["tree"], row["kind"]) == (1, 0.0, "chain:4", "chain")
     assert 1.0 <= row["tau"] <= 5.0 and row["parents"] == [-1, 0, 1, 2]

@@ -119,6 +119,47 @@ def test_config_round_trip():
     assert config_from_hf(config_to_hf(cfg)) == cfg
 
 
+@pytest.mark.parametrize("eos, kept", [(None, None), (7, 7), ([3, 39], (3, 39)), ((5,), (5,)), ([], None)])
+def test_eos_token_id_round_trip(tmp_path, eos, kept):
+    """eos_token_id: None, an id, or a list of ids (as HF configs write it; kept as a tuple in
+    its order) survives save_model / load_model; config.json holds it as HF does (null when
+    None, so that transformers does not put its own default id in its place)."""
+    cfg = _config(eos_token_id=eos)
+    assert cfg.eos_token_id == kept
+    assert cfg.eos_token_ids == (() if kept is None else (kept,) if isinstance(kept, int) else kept)
+    save_model(init_model(cfg, jax.random.key(0)), tmp_path)
+    on_disk = read_config(tmp_path)["eos_token_id"]
+    assert on_disk == (list(kept) if isinstance(kept, tuple) else kept)
+    assert load_model(tmp_path).config == cfg
+    assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_eos_token_id_from_hf_and_refused_values():
+    """A Hugging Face config's eos_token_id (an id or a list) is read; an id outside the
+    vocabulary, a bool or a string is refused, naming the field."""
+    assert config_from_hf({**config_to_hf(_config()), "eos_token_id": [1, 2, 1]}).eos_token_id == (1, 2, 1)
+    assert config_from_hf({k: v for k, v in config_to_hf(_config()).items() if k != "eos_token_id"}).eos_token_id is None
+    for bad, field in ((40, r"eos_token_id = 40"), (-1, r"eos_token_id = -1"), (True, r"eos_token_id = True"),
+                       ("2", r"eos_token_id = '2'"), ([1, 40], r"eos_token_id\[1\] = 40"), (1.0, r"eos_token_id = 1.0")):
+        with pytest.raises(ValueError, match=rf"ModelConfig\.{field}: expected None, a token id in \[0, 40\)"):
+            _config(eos_token_id=bad)
+    with pytest.raises(ValueError, match=r"load_model: config.json: ModelConfig.eos_token_id = 64"):
+        config_from_hf({**config_to_hf(_config()), "eos_token_id": 64})
+
+
+def test_trained_models_record_the_byte_eos(tmp_path):
+    """The training presets (byte tokenizer) carry EOS_ID, and a model saved by training
+    (extra_config=TOKENIZER_CONFIG) records it even from a config without one."""
+    from jaxspec.nn.tokenizer import EOS_ID
+    from jaxspec.training.train import PRESETS, TOKENIZER_CONFIG
+
+    assert {name: c.eos_token_id for name, c in PRESETS.items()} == dict.fromkeys(PRESETS, EOS_ID)
+    cfg = ModelConfig(vocab_size=264, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    save_model(init_model(cfg, jax.random.key(0)), tmp_path, extra_config=TOKENIZER_CONFIG)
+    assert load_model(tmp_path).config.eos_token_ids == (EOS_ID,)
+
+
 # ----------------------------------------------------------------------------- errors
 def test_unknown_name_lists_known_models():
     with pytest.raises(ValueError, match="default-target") as e:
@@ -275,6 +316,7 @@ def test_embedded_models(name):
     assert model.config.vocab_size == 264
     cfg = read_config(name)
     assert cfg["jaxspec_tokenizer"] == "byte" and cfg["bos_token_id"] == 256 and cfg["eos_token_id"] == 257
+    assert model.config.eos_token_id == 257 and model.config.eos_token_ids == (257,)  # generate stops there
     logits = forward_logits(model, jnp.asarray([list(b"import os\n")], jnp.int32))
     assert logits.shape == (1, 10, 264) and bool(jnp.all(jnp.isfinite(logits)))
 

@@ -92,12 +92,48 @@ def test_top_k_is_a_positive_int_usage_error(capsys, value):
     assert "Traceback" not in err
 
 
-def _byte_model(folder, context, seed=0):
+def _byte_model(folder, context, seed=0, eos_token_id=None):
     """A tiny random model on the byte tokenizer's vocabulary (264), saved to ``folder``."""
     cfg = ModelConfig(vocab_size=264, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context)
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
+                      eos_token_id=eos_token_id)
     save_model(init_model(cfg, jax.random.key(seed)), folder)
     return str(folder)
+
+
+def test_stops_at_the_targets_eos_like_the_library(capsys, tmp_path):
+    """The command's stop tokens are the library's default (jaxspec.generate's): the target
+    config's eos_token_id, reported under "stop_tokens"; none when the config has none."""
+    argv = ["--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", "--baseline", "--json", "--no-warmup"]
+    code, out, err = _run(capsys, *argv, "--target", _byte_model(tmp_path / "plain", 64))
+    assert code == 0, err
+    plain = json.loads(out)
+    assert plain["stop_tokens"] == [] and plain["num_tokens"] == 6
+    eos = plain["tokens"][2]  # the same weights, with the third greedy token as EOS
+    code, out, err = _run(capsys, *argv, "--target", _byte_model(tmp_path / "eos", 64, eos_token_id=eos))
+    assert code == 0, err
+    res = json.loads(out)
+    n = plain["tokens"].index(eos) + 1
+    assert res["stop_tokens"] == [eos] and res["num_tokens"] == n and res["tokens"] == plain["tokens"][:n]
+
+
+def test_json_statistics_are_summary_under_the_same_names(capsys):
+    """--json carries GenerateResult.summary() verbatim: every key of SUMMARY_KEYS, equal to
+    what jaxspec.generate returns for the same row, key, tree and stop tokens (one row, so
+    sums and the batch maximum agree); "tokens" is the list of ids, "num_tokens" its length."""
+    import jaxspec
+    from jaxspec.decode.generate import SUMMARY_KEYS
+
+    code, out, err = _run(capsys, "--prompt", "import os\n", "--max-new-tokens", "16", "--seed", "3", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    target, draft = jaxspec.load_model("default-target"), jaxspec.load_model("default-draft")
+    lib = jaxspec.generate(jax.random.key(3), target, draft, [list(b"import os\n")], max_new_tokens=16)
+    s = lib.summary()
+    assert tuple(s) == SUMMARY_KEYS and res["stop_tokens"] == [257]  # the default pair's EOS
+    assert {k: res[k] for k in SUMMARY_KEYS} == s
+    assert res["tokens"] == np.asarray(lib.tokens)[0, : s["num_tokens"]].tolist()
+    assert res["num_tokens"] == len(res["tokens"]) and res["rounds"] == res["loop_rounds"] == res["target_calls"]
 
 
 def test_room_errors_name_the_model_whose_context_is_short(capsys, tmp_path):
@@ -180,6 +216,9 @@ def test_text_output_announces_the_untimed_first_call(capsys):
     assert lines.index("compiling and warming up (first call, not timed) ...") < next(
         i for i, line in enumerate(lines) if line.startswith("-- baseline:"))
     assert out.startswith("import os\n") and "compiling" not in out
+    # the closing line names the statistics as summary() and --json do
+    (line,) = [line for line in lines if line.startswith("-- baseline:")]
+    assert line.startswith("-- baseline: num_tokens 24, rounds 24, tokens_per_target_call 1.00, tokens_per_second "), line
     code, out, err = _run(capsys, *common, "--json")
     assert code == 0, err
     assert json.loads(out)["num_tokens"] == 24 and out.count("\n") == 1 and "compiling" not in out

@@ -70,6 +70,11 @@ EXACT = [
                             num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=2).head_dim,
         8, id="config.ModelConfig.head_dim"),
+    pytest.param(  # (257,) for the embedded models: test_checkpoint.py::test_embedded_models
+        lambda: ModelConfig(vocab_size=8, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2).eos_token_ids,
+        (), id="config.ModelConfig.eos_token_ids"),
     pytest.param(lambda: node_probabilities([-1, -1, 0], [.6, .3]), [.6, .3, .36],
                  id="optimize.node_probabilities"),
     pytest.param(lambda: branching_widths(6, 3),

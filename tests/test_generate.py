@@ -4,6 +4,7 @@ statistics, draft-proposal consistency, tree specs and boundary validation.
 The statistical exactness of sampling lives in ``test_generate_exactness.py``.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -18,7 +19,7 @@ from jaxspec.nn.cache import commit
 from jaxspec.core.sampling import Warp
 from jaxspec.decode.draft import propose_dynamic, propose_static
 from jaxspec.decode.round import RoundParts
-from jaxspec.nn.model import prefill
+from jaxspec.nn.model import init_model, prefill
 from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
 
 # the module itself: once the package re-exports the function ``generate``, the
@@ -213,10 +214,53 @@ def test_sampling_stats_and_padding(pair, scheme, tree):
     assert acc.shape == (b, depth)
     assert np.all(np.diff(acc, axis=1) <= 0)  # depth d+1 accepted only after depth d
     s = out.summary()
-    assert s["tokens"] == lengths.sum() and abs(s["tau"] - lengths.sum() / tcalls.sum()) < 1e-9
+    assert tuple(s) == gen.SUMMARY_KEYS
+    assert s["num_tokens"] == lengths.sum() and abs(s["tokens_per_target_call"] - lengths.sum() / tcalls.sum()) < 1e-9
+    assert (s["target_calls"], s["draft_calls"]) == (tcalls.sum(), dcalls.sum())
+    assert s["rounds"] == rounds.sum() and s["loop_rounds"] == rounds.max() < s["rounds"]  # sum vs batch max
+    np.testing.assert_allclose(s["accept_rate_per_depth"], acc.sum(axis=0) / rounds.sum())
     assert len(s["accept_rate_per_depth"]) == depth
     # identical prompts in a batch are independent samples
     assert len({tuple(t) for t in tokens[:3].tolist()}) > 1
+
+
+def _with_eos(model, eos):
+    """``model``'s weights under a config whose ``eos_token_id`` is ``eos``."""
+    out = init_model(dataclasses.replace(model.config, eos_token_id=eos), jax.random.key(0))
+    nnx.update(out, nnx.state(model))
+    return out
+
+
+def test_stop_tokens_default_to_the_targets_eos(pair, greedy_reference):
+    """``stop_tokens`` unset: a row ends at the target config's ``eos_token_id`` (as with
+    ``stop_tokens=[eos]``); ``stop_tokens=()`` turns stopping off. A list of EOS ids (as some
+    HF configs give) stops at any of them. The draft's config plays no part."""
+    target, draft = pair
+    ref = np.asarray(greedy_reference.tokens)
+    eos = int(ref[0, 4])
+    target_eos = _with_eos(target, eos)
+    assert target_eos.config.eos_token_ids == (eos,) and draft.config.eos_token_id is None
+    assert gen.resolve_stop_tokens(None, target_eos) == (eos,) and gen.resolve_stop_tokens(None, target) == ()
+    assert gen.resolve_stop_tokens((), target_eos) == ()
+    kw = dict(max_new_tokens=MAX_NEW, temperature=0.0)
+    spec = gen.generate(jax.random.key(2), target_eos, draft, PROMPTS, tree=(2, 2), scheme="deterministic", **kw)
+    ar = gen.generate_autoregressive(jax.random.key(2), target_eos, PROMPTS, **kw)
+    want = gen.generate_autoregressive(jax.random.key(2), target, PROMPTS, stop_tokens=[eos], **kw)
+    assert int(np.asarray(want.lengths)[0]) <= 5  # row 0 does stop early
+    for out in (spec, ar):
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(want.tokens))
+        np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(want.lengths))
+    for out in (gen.generate(jax.random.key(2), target_eos, draft, PROMPTS, tree=(2, 2), scheme="deterministic",
+                             stop_tokens=(), **kw),
+                gen.generate_autoregressive(jax.random.key(2), target_eos, PROMPTS, stop_tokens=(), **kw)):
+        np.testing.assert_array_equal(np.asarray(out.tokens), ref)  # runs past EOS to the budget
+        np.testing.assert_array_equal(np.asarray(out.lengths), MAX_NEW)
+    other = int(ref[1, 2]) if int(ref[1, 2]) != eos else int(ref[1, 3])
+    listed = _with_eos(target, [other, eos])
+    assert listed.config.eos_token_id == (other, eos)
+    out = gen.generate_autoregressive(jax.random.key(2), listed, PROMPTS, **kw)
+    want = gen.generate_autoregressive(jax.random.key(2), target, PROMPTS, stop_tokens=[eos, other], **kw)
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(want.lengths))
 
 
 def test_autoregressive_stats(pair):

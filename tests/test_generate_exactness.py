@@ -49,7 +49,7 @@ from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 80
+NUM_TESTS = 90
 THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.4e-5
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
@@ -79,8 +79,8 @@ def _exact(warp_key, prompt=tuple(PROMPT)):
     return exact_joint(_pair()[0], list(prompt), L, **WARPS[warp_key])
 
 
-def _prompts():
-    return np.tile(np.asarray([PROMPT], np.int32), (CHUNK, 1))
+def _prompts(prompt=tuple(PROMPT)):
+    return np.tile(np.asarray([prompt], np.int32), (CHUNK, 1))
 
 
 def _count(run_chunk, seed: int, num_samples: int = N_SAMPLES, groups: int = 1) -> np.ndarray:
@@ -97,19 +97,21 @@ def _count(run_chunk, seed: int, num_samples: int = N_SAMPLES, groups: int = 1) 
 
 
 @functools.lru_cache(maxsize=None)
-def _autoregressive_counts(warp_key):
+def _autoregressive_counts(warp_key, prompt=tuple(PROMPT)):
     target, _ = _pair()
-    prompts = _prompts()
+    prompts = _prompts(prompt)
 
     def run(key):
         return gen.generate_autoregressive(key, target, prompts, max_new_tokens=L, **WARPS[warp_key]).tokens
 
-    return _count(run, seed=4242 + len(warp_key))
+    return _count(run, seed=4242 + len(warp_key) + len(prompt))
 
 
-def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES, rule="token"):
-    target, draft = _pair()
-    prompts = _prompts()
+def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES, rule="token",
+                        draft=None, prompt=tuple(PROMPT)):
+    target, model_draft = _pair()
+    draft = model_draft if draft is None else draft
+    prompts = _prompts(prompt)
     warp = WARPS[warp_key]
     if mutant is None:
 
@@ -166,8 +168,12 @@ RAGGED_CASE = ("branch", "without_replacement", "none")
 # group (joint, 3 marginals), one per autoregressive control
 BLOCK_CASES = [("chain", "iid", "none"), ("chain", "deterministic", "t0.7_topk3")]
 TRAVERSAL_CASES = [("branch", "without_replacement", "none")]
-assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES)) + 4 * len(RAGGED) + len(WARPS)
-        <= NUM_TESTS)
+# prompt lookup drafts (jaxspec.NgramDraft): a prompt whose suffix "1 2" recurs, so every
+# first round drafts "3 1 ..." and later rounds match on whatever was emitted
+NGRAM_PROMPT = (1, 2, 3, 1, 2)
+NGRAM_CASES = [("chain", "none"), ("branch", "t0.7_topk3")]
+assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES))
+        + 4 * len(RAGGED) + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)
 
 
 @pytest.mark.parametrize(
@@ -195,6 +201,24 @@ def test_generate_traversal_rule_matches_exact_target_law(tree, scheme, warp_key
     seed = 6000 + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="traversal")
     _check(counts, _exact(warp_key), f"traversal/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+@pytest.mark.parametrize("tree,warp_key", NGRAM_CASES)
+def test_generate_ngram_draft_matches_exact_target_law(tree, warp_key):
+    """generate(draft=NgramDraft()): fixed drafts copied from the history (scheme
+    deterministic, rule auto) keep the target's law; the two-sample reference is
+    target-only sampling from the same prompt."""
+    from jaxspec import NgramDraft
+
+    seed = 7000 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], None, warp_key, seed, rule="auto", draft=NgramDraft(),
+                                 prompt=NGRAM_PROMPT)
+    exact = _exact(warp_key, NGRAM_PROMPT)
+    reference = _autoregressive_counts(warp_key, NGRAM_PROMPT)
+    ar = chisquare_gof(reference, exact)  # the reference itself against the exact law
+    print(f"ngram reference {ar}")
+    assert ar.pvalue > THRESH, str(ar)
+    _check(counts, exact, f"ngram/{tree}/{warp_key}", reference)
 
 
 def test_generate_ragged_batch_matches_each_prompts_law():
@@ -257,6 +281,30 @@ def test_exact_law_is_informative():
 # mask; node i judged by the row of depth[i] instead of its parent's; the round's commit
 # one token short, so the next round writes the emitted token's K/V one slot early
 MUTANTS = {"flatten-causal": "causal-mask", "depth-as-row": "depth-row", "bonus-kv-slot": "bonus-kv-slot"}
+
+
+# mutants the n-gram rounds expose: the emitted token's K/V one slot early, a rejected
+# fixed token not removed from the residual, rows by depth instead of by parent
+NGRAM_MUTANTS = [("chain", "bonus-kv-slot"), ("chain", "no-residual-update"), ("branch", "depth-row")]
+
+
+@pytest.mark.parametrize("tree,mutant", NGRAM_MUTANTS)
+def test_harness_rejects_broken_ngram_decoders(tree, mutant):
+    """The same tests have power on n-gram rounds: the broken parts are rejected there too."""
+    from jaxspec import NgramDraft
+
+    target, _ = _pair()
+    parts = mutants.round_parts(MUTANTS.get(mutant, mutant))
+    prompts = _prompts(NGRAM_PROMPT)
+
+    def run(key):
+        return gen.generate(key, target, NgramDraft(), prompts, max_new_tokens=L, tree=TREES[tree],
+                            parts=parts).tokens
+
+    counts = _count(run, 9100, MUTANT_SAMPLES)
+    joint = chisquare_gof(counts, _exact("none", NGRAM_PROMPT))
+    print(f"ngram mutant {mutant} on {tree}: joint {joint}")
+    assert joint.pvalue < MUTANT_THRESH, f"{joint}\n{joint.table()}"
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))

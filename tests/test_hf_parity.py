@@ -105,7 +105,8 @@ def test_logits_match_transformers(saved, kind):
 def test_greedy_generation_matches_transformers(saved, kind):
     model, folder = saved[kind]
     ref = _hf_greedy(model, PROMPT, 20)
-    ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, temperature=0)
+    ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, temperature=0,
+                                   stop_tokens=())  # as transformers with eos_token_id=None
     assert _jax_tokens(ours) == ref
     assert len(ref) == 20
 
@@ -117,7 +118,7 @@ def test_speculative_greedy_matches_transformers(saved):
     ref = _hf_greedy(model, PROMPT, 20)
     target, draft = load_model(folder), load_model(saved["llama-tied"][1])
     out = generate(jax.random.key(0), target, draft, PROMPT, tree="branch:2,1", scheme="deterministic",
-                   max_new_tokens=20, temperature=0)
+                   max_new_tokens=20, temperature=0, stop_tokens=())
     assert _jax_tokens(out)[:20] == ref
 
 
@@ -165,5 +166,6 @@ def test_cli_export_default_target(tmp_path, capsys):
     # and the greedy continuation is the same
     n = 12
     hf.generation_config.eos_token_id = None
-    ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, temperature=0)
+    ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, temperature=0,
+                                   stop_tokens=())
     assert _jax_tokens(ours) == _hf_greedy(hf, ids, n)

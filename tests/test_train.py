@@ -131,6 +131,7 @@ def test_train_loss_decreases(trained, corpus):
 def test_export_loads_back(trained):
     _, result = trained
     loaded = load_model(result.final_dir)
+    assert loaded.config == result.model.config and loaded.config.eos_token_ids == (EOS_ID,)  # generate stops there
     for a, b in zip(jax.tree.leaves(jax.tree.map(np.asarray, _params(loaded))),
                     jax.tree.leaves(jax.tree.map(np.asarray, _params(result.model)))):
         np.testing.assert_array_equal(a, b)

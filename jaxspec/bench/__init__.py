@@ -33,6 +33,7 @@ BENCHMARKS = {
     "compile": "jaxspec.bench.compile_time",
     "harness": "jaxspec.bench.harness",
     "rules": "jaxspec.bench.rules",
+    "lookup": "jaxspec.bench.lookup",
 }
 
 

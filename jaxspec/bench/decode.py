@@ -79,7 +79,7 @@ OPTIMIZED = "optimized"
 
 ROW_FIELDS = (
     "batch", "temperature", "tree", "kind", "scheme", "num_nodes", "depth", "parents", "tau", "model_tau",
-    "accept_rate_per_depth", "rounds", "tokens_per_s", "target_only_tokens_per_s", "speedup", "speedup_turn_range",
+    "accept_rate_per_depth", "loop_rounds", "tokens_per_s", "target_only_tokens_per_s", "speedup", "speedup_turn_range",
     "ideal_speedup",
     "draft_forwards_per_round", "t_target_step_ms", "t_draft_step_ms", "t_verify_ms", "target_only_ms_per_token",
     "seconds_per_call", "overhead_ms_per_round",
@@ -262,7 +262,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
 
             def ar(i, temp=temp, prompts=prompts):
                 return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
-                                                   temperature=temp)
+                                                   temperature=temp, stop_tokens=())
 
             for name in trees:
                 spec, label, kind = _resolve(name, optimized.get(temp))
@@ -277,7 +277,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
 
                 def sp(i, temp=temp, spec=spec, scheme=scheme, prompts=prompts):
                     return gen.generate(jax.random.key(2000 + i), target, draft, prompts, max_new_tokens=m,
-                                        tree=spec, scheme=scheme, temperature=temp, rule=rule)
+                                        tree=spec, scheme=scheme, temperature=temp, rule=rule, stop_tokens=())
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
                        "verify": _forward_loop(target, batch, n + 1, cap, mid, cfg.loops)}
@@ -320,13 +320,13 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, a
     """One result row from the per-turn wall seconds of each timed function (``turns``)
     and the outputs of their last calls. A turn's speedup is the ratio of its two times
     scaled by the token counts of the last calls (every call emits the same count here:
-    fixed ``max_new_tokens``, no stop tokens)."""
+    fixed ``max_new_tokens``, ``stop_tokens=()``)."""
     sec = common.medians(turns)
     t_target_step, t_draft_step, t_verify = (sec[k] / loops for k in ("target_step", "draft_step", "verify"))
     s = outs["spec"].summary()
     ar_tokens = int(np.asarray(outs["ar"].lengths).sum())
     ar_tps = ar_tokens / sec["ar"]
-    tps = s["tokens"] / sec["spec"]
+    tps = s["num_tokens"] / sec["spec"]
     model_tau = None
     if acc is not None and isinstance(spec, StaticTree):
         from jaxspec.tuning.optimize import expected_accepted  # noqa: PLC0415
@@ -341,17 +341,17 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, a
         "num_nodes": spec.num_nodes,
         "depth": spec.depth,
         "parents": list(spec.parents) if isinstance(spec, StaticTree) else None,
-        "tau": s["tau"],
+        "tau": s["tokens_per_target_call"],
         "model_tau": model_tau,
         "accept_rate_per_depth": s["accept_rate_per_depth"],
-        "rounds": s["rounds"],
+        "loop_rounds": s["loop_rounds"],  # rounds of the batch's loop (the most of any row)
         "tokens_per_s": tps,
         "target_only_tokens_per_s": ar_tps,
         "speedup": tps / ar_tps,
         # lowest and highest speedup of a single turn (speculative and target-only timed
         # seconds apart): how much the figure moved within the run
-        "speedup_turn_range": [x * s["tokens"] / ar_tokens for x in common.turn_range(turns["ar"], turns["spec"])],
-        "ideal_speedup": s["tau"] * t_target_step / (forwards * t_draft_step + t_verify),
+        "speedup_turn_range": [x * s["num_tokens"] / ar_tokens for x in common.turn_range(turns["ar"], turns["spec"])],
+        "ideal_speedup": s["tokens_per_target_call"] * t_target_step / (forwards * t_draft_step + t_verify),
         "draft_forwards_per_round": forwards,
         "t_target_step_ms": t_target_step * 1e3,
         "t_draft_step_ms": t_draft_step * 1e3,
@@ -359,7 +359,7 @@ def _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, loops, a
         "target_only_ms_per_token": sec["ar"] / max(ar_tokens, 1) * 1e3,
         "seconds_per_call": sec["spec"],
         # wall time per round not explained by the model forwards
-        "overhead_ms_per_round": (sec["spec"] / max(s["rounds"], 1) - forwards * t_draft_step - t_verify) * 1e3,
+        "overhead_ms_per_round": (sec["spec"] / max(s["loop_rounds"], 1) - forwards * t_draft_step - t_verify) * 1e3,
     }
 
 

@@ -205,7 +205,7 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
     for temp in cfg.temperatures:
         def ar(i, temp=temp):
             return gen.generate_autoregressive(jax.random.key(1000 + i), target, [prompt], max_new_tokens=m,
-                                               temperature=temp)
+                                               temperature=temp, stop_tokens=())
 
         for spec, rule_names in cfg.generate:
             tree = parse_tree(spec)
@@ -215,7 +215,7 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
                 def sp(i, r=r, temp=temp, tree=tree, scheme=scheme):
                     # the same key for every rule: turn i of each rule sees the same draws
                     return gen.generate(jax.random.key(2000 + i), target, draft, [prompt], max_new_tokens=m,
-                                        tree=tree, scheme=scheme, temperature=temp, rule=r)
+                                        tree=tree, scheme=scheme, temperature=temp, rule=r, stop_tokens=())
                 fns[r] = sp
             totals = {r: [0, 0] for r in rule_names}  # tokens, target calls over every timed call
             tokens_of = {r: [] for r in rule_names}
@@ -225,7 +225,7 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
                     out = fn(i)
                     if i >= 0:
                         s = out.summary()
-                        totals[r][0] += s["tokens"]
+                        totals[r][0] += s["num_tokens"]
                         totals[r][1] += s["target_calls"]
                         tokens_of[r].append(np.asarray(out.tokens).tolist())
                     return out
@@ -237,10 +237,10 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
             ar_tokens = int(np.asarray(outs["target_only"].lengths).sum())
             ar_tps = ar_tokens / sec["target_only"]
             for r in rule_names:
-                last_tokens = outs[r].summary()["tokens"]  # of the last timed call, as sec[r] is per call
+                last_tokens = outs[r].summary()["num_tokens"]  # of the last timed call, as sec[r] is per call
                 tps = last_tokens / sec[r]
                 row = {"tree": spec, "temperature": temp, "scheme": scheme, "rule": r,
-                       "tau": totals[r][0] / max(totals[r][1], 1), "tokens": totals[r][0],
+                       "tau": totals[r][0] / max(totals[r][1], 1), "num_tokens": totals[r][0],
                        "target_calls": totals[r][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
                        "speedup": tps / ar_tps,
                        "speedup_turn_range": [x * last_tokens / ar_tokens

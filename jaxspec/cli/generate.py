@@ -12,6 +12,7 @@ models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
     jaxspec generate --prompt "def f(x):" --tree auto       # tree chosen for this device
     jaxspec generate --prompt "def f(x):" --tree auto --retune --auto-budgets 4,8,16
     jaxspec generate --target models/SmolLM2-360M --draft models/SmolLM2-135M --prompt "def f(x):"
+    jaxspec generate --draft ngram --prompt "$(cat notes.txt)"   # prompt lookup: no draft model
 
 At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
 target); at any temperature the speculative text has exactly the law of target sampling.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import re
 import sys
 import time
@@ -168,7 +170,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model name or folder (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=None,
                    help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target; "
-                        "required with another --target, unless --baseline)")
+                        "required with another --target, unless --baseline), or 'ngram' for prompt lookup "
+                        "drafts copied from the prompt and the output ('ngram:4', 'ngram:max=4,min=2'; "
+                        "docs/PROMPT_LOOKUP.md)")
     p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--no-warmup", action="store_true",
@@ -193,6 +197,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             build_config,
             generate,
             generate_autoregressive,
+            resolve_stop_tokens,
         )
         from jaxspec.nn.tokenizer import ByteTokenizer
 
@@ -224,18 +229,33 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                 tree = parse_tree(args.tree)
             except ValueError as e:
                 raise CLIError(f"--tree: {e}") from None
+        lookup = _lookup_draft(args)  # an NgramDraft for --draft ngram[:...], else None
+        if lookup is not None:
+            if auto:
+                raise CLIError(f"--tree auto: chooses a tree by timing a draft model; with --draft {args.draft} "
+                               "pass a static tree such as --tree chain:4")
+            if isinstance(tree, DynamicTree):
+                raise CLIError(f"--tree {args.tree}: a dynamic tree ranks a draft model's candidates; with "
+                               f"--draft {args.draft} pass a static tree such as --tree chain:4")
+            if args.scheme not in (None, "deterministic"):
+                raise CLIError(f"--scheme {args.scheme}: --draft {args.draft} proposes fixed tokens; expected "
+                               "--scheme deterministic (its default)")
+            args.scheme = "deterministic"
         if not args.baseline:  # --baseline uses no scheme (its JSON reports none)
             args.scheme = resolve_scheme(args.scheme, args.tree, isinstance(tree, DynamicTree), DEFAULT_SCHEME)
         tok = resolve_tokenizer("--target", args.target)
-        if not args.baseline:
+        if not args.baseline and lookup is None:
             args.draft = _draft_name(args)
             _check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
         target = load_flag_model("--target", args.target)
-        draft = None if args.baseline else load_flag_model("--draft", args.draft)
-        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+        if args.baseline:
+            draft = None
+        else:
+            draft = lookup if lookup is not None else load_flag_model("--draft", args.draft)
+        if draft is not None and lookup is None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "
                 f"{target.config.vocab_size} ({args.target}); the draft and the target must share one vocabulary"
@@ -262,8 +282,13 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p,
         )
-        if not isinstance(tok, ByteTokenizer) and tok.eos_id is not None and tok.eos_id < target.config.vocab_size:
-            common["stop_tokens"] = (tok.eos_id,)  # real models: stop at end of text
+        # the library's default stop tokens: the target's eos_token_id (config.json); a folder whose
+        # config.json has none stops at the end-of-text token its tokenizer_config.json names
+        stop = resolve_stop_tokens(None, target)
+        if (not stop and not isinstance(tok, ByteTokenizer) and tok.eos_id is not None
+                and tok.eos_id < target.config.vocab_size):
+            stop = (tok.eos_id,)
+        common["stop_tokens"] = stop
 
         stream = _Stream(tok)
         if not args.json:
@@ -298,13 +323,13 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         n = int(np.asarray(out.lengths)[0])
         new_ids = [int(t) for t in np.asarray(out.tokens)[0, :n]]
         text = tok.decode(new_ids)
-        s = out.summary()
+        s = out.summary()  # one row: its own statistics, under the names summary() gives them
         result = {
             "text": text,
             "prompt": args.prompt,
-            "tokens": new_ids,
-            "num_tokens": n,
+            "tokens": new_ids,  # "tokens" is always a list of ids; "num_tokens" (from s) the count
             "mode": "baseline" if args.baseline else "speculative",
+            "draft": None if args.baseline else (lookup.spec if lookup is not None else args.draft),
             "tree": None if args.baseline else args.tree,
             "scheme": None if args.baseline else args.scheme,
             "rule": None if args.baseline else rule_name(resolve_rule(args.rule, tree)),
@@ -312,15 +337,12 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "top_k": args.top_k,
             "top_p": args.top_p,
             "seed": args.seed,
-            "rounds": s["rounds"],
-            "target_calls": s["target_calls"],
-            "draft_calls": s["draft_calls"],
-            "tokens_per_target_call": s["tau"],
+            "stop_tokens": list(stop),
+            **s,  # num_tokens, target_calls, draft_calls, rounds, loop_rounds, tokens_per_target_call, ...
             "tokens_per_second": n / t_run if t_run > 0 else None,
             "seconds": t_run,
             "seconds_with_compile": t_first,
             "timing_includes_compile": bool(args.no_warmup),
-            "accept_rate_per_depth": s["accept_rate_per_depth"],
         }
         if auto_result is not None:
             result["auto_tree"] = _auto_summary(auto_result)
@@ -331,14 +353,29 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             timing = ("including compilation" if args.no_warmup
                       else f"compiled; first call with compilation {t_first:.1f} s")
             print(
-                f"-- {result['mode']}: {n} tokens in {s['rounds']} rounds, "
-                f"tau {s['tau']:.2f} tokens/target call, {result['tokens_per_second']:.1f} tokens/s "
-                f"({timing})",
+                f"-- {result['mode']}: num_tokens {n}, rounds {s['rounds']}, "
+                f"tokens_per_target_call {s['tokens_per_target_call']:.2f}, "
+                f"tokens_per_second {result['tokens_per_second']:.1f} ({timing})",
                 file=sys.stderr,
             )
         return 0
 
     return run
+
+
+def _lookup_draft(args):
+    """The :class:`~jaxspec.NgramDraft` of ``--draft ngram[:...]`` (None for a model, or with
+    ``--baseline``); a malformed spec is a :class:`CLIError` naming the flag."""
+    if args.baseline or args.draft is None or not args.draft.strip().lower().startswith("ngram"):
+        return None
+    if pathlib.Path(args.draft).exists():  # a model folder that happens to be called ngram...
+        return None
+    from jaxspec.decode.ngram import NgramDraft
+
+    try:
+        return NgramDraft.parse(args.draft)
+    except ValueError as e:
+        raise CLIError(f"--draft: {e}") from None
 
 
 def _draft_name(args) -> str:
@@ -363,7 +400,7 @@ def _check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
     tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.decode.generate.build_config`).
     ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
     limits = {"target": target.config.max_position_embeddings}
-    if draft is not None:
+    if draft is not None and hasattr(draft, "config"):  # not an n-gram draft: a model with a context
         limits["draft"] = draft.config.max_position_embeddings
     ctx = min(limits.values())
     whose = " and the ".join(f"{name}'s" for name, n in limits.items() if n == ctx)

@@ -8,12 +8,14 @@ target-only baseline on the same model code.
     out.tokens    # int32[B, 32], -1 after each row's end
     out.lengths   # int32[B]
     out.tau       # float32[B] tokens per target call
+    out.summary() # {"num_tokens": ..., "tokens_per_target_call": ..., ...}: the names of ``jaxspec generate --json``
 
 One round is :func:`jaxspec.decode.round.speculative_round` (propose, verify, accept,
 commit, emit); this module runs it in a loop, validates the arguments and keeps the
 compiled functions.
 
-Rows end independently: at the first stop token (kept) or when ``max_new_tokens`` are
+Rows end independently: at the first stop token (kept; by default the target's
+``config.eos_token_id``, see :func:`resolve_stop_tokens`) or when ``max_new_tokens`` are
 emitted; tokens of a round past either end are dropped; a finished row emits nothing
 more (its compute continues, masked: shapes are static). Randomness: row b uses
 ``fold_in(key, b)``, round r ``fold_in(row_key, r)``, split into a draft key (one
@@ -52,11 +54,14 @@ from jaxspec.decode.round import (
     speculative_round,
     start_emitted,
 )
+from jaxspec.decode.ngram import NgramDraft, NgramState
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
 __all__ = [
     "DEFAULT_TREE",
     "GenerateResult",
+    "SUMMARY_KEYS",
+    "resolve_stop_tokens",
     "SpecConfig",
     "ARConfig",
     "build_config",
@@ -87,7 +92,8 @@ class GenerateResult(NamedTuple):
     draft_calls:        int32[B] draft forward passes after the prefill (per round: D for
                         a static tree of depth D, depth + 1 for a DynamicTree; 0 when
                         autoregressive).
-    tau:                float32[B] ``lengths / target_calls``: tokens per target call.
+    tau:                float32[B] ``lengths / target_calls``: tokens per target call
+                        (``tokens_per_target_call`` in :meth:`summary`).
     accepted_per_depth: int32[B, D] accepted draft nodes at depth ``d + 1`` over the row's
                         rounds (all of a round's accepted nodes, even those cut by a stop
                         token or the budget; so ``lengths <= sum(accepted) + target_calls``,
@@ -103,19 +109,39 @@ class GenerateResult(NamedTuple):
     accepted_per_depth: jax.Array
 
     def summary(self) -> dict:
-        """Batch totals as plain Python numbers (blocks on the device)."""
+        """Batch statistics as plain Python numbers (blocks on the device), under the names
+        ``jaxspec generate --json`` prints them with (:data:`SUMMARY_KEYS`, in this order):
+
+        num_tokens:             tokens generated, summed over rows (``lengths``). ``tokens``
+                                names only lists of token ids, never a count.
+        target_calls, draft_calls, rounds: the per-row fields of those names, summed over rows.
+        loop_rounds:            iterations of the generation loop: the most ``rounds`` of any
+                                row (rows run in lockstep, so wall time per round divides by this).
+        tokens_per_target_call: ``num_tokens / target_calls`` (tau; per row: the field ``tau``).
+        accept_rate_per_depth:  for depth d + 1, accepted nodes at that depth / ``rounds``.
+
+        Every count is a sum over rows, as ``rounds`` is (the denominator of
+        ``accept_rate_per_depth``; for speculative decoding it equals ``target_calls``); the
+        one batch maximum has its own name, ``loop_rounds``. With one row they agree.
+        """
         lengths = np.asarray(self.lengths)
         tcalls = np.asarray(self.target_calls)
         acc = np.asarray(self.accepted_per_depth)
         rounds = np.asarray(self.rounds)
         return {
-            "tokens": int(lengths.sum()),
+            "num_tokens": int(lengths.sum()),
             "target_calls": int(tcalls.sum()),
             "draft_calls": int(np.asarray(self.draft_calls).sum()),
-            "rounds": int(rounds.max(initial=0)),
-            "tau": float(lengths.sum() / max(tcalls.sum(), 1)),
+            "rounds": int(rounds.sum()),
+            "loop_rounds": int(rounds.max(initial=0)),
+            "tokens_per_target_call": float(lengths.sum() / max(tcalls.sum(), 1)),
             "accept_rate_per_depth": (acc.sum(axis=0) / max(rounds.sum(), 1)).tolist(),
         }
+
+
+#: the keys of :meth:`GenerateResult.summary`, in order (``jaxspec generate --json`` has each)
+SUMMARY_KEYS = ("num_tokens", "target_calls", "draft_calls", "rounds", "loop_rounds",
+                "tokens_per_target_call", "accept_rate_per_depth")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +149,7 @@ class SpecConfig:
     """Static configuration of one compiled speculative generation (hashable)."""
 
     target_def: nnx.GraphDef
-    draft_def: nnx.GraphDef
+    draft_def: nnx.GraphDef | NgramDraft  # an n-gram draft has no state: it is its own definition
     tree: StaticTree | DynamicTree
     scheme: str
     target_warp: Warp
@@ -151,7 +177,10 @@ class SpecConfig:
 
     @property
     def draft_calls_per_round(self) -> int:
-        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1."""
+        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1; an
+        n-gram draft: 0 (no model)."""
+        if isinstance(self.draft_def, NgramDraft):
+            return 0
         return self.tree.depth + (1 if isinstance(self.tree, DynamicTree) else 0)
 
 
@@ -199,14 +228,15 @@ def speculative_program(
     jits it): prefill both caches, then :func:`~jaxspec.decode.round.speculative_round`
     in a ``lax.while_loop`` until every row has ended."""
     target = nnx.merge(cfg.target_def, target_state)
-    draft = nnx.merge(cfg.draft_def, draft_state)
+    ngram = isinstance(cfg.draft_def, NgramDraft)
+    draft = cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
     b = tokens.shape[0]
     m = cfg.max_new_tokens
     stat_d = cfg.stat_depth
     round_cfg = cfg.round_config
     tcache, root = _start(target, tokens, lens, cfg.capacity)
     prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
-    dcache, _ = _start(draft, tokens, lens, cfg.capacity)
+    dcache = NgramState(tokens, lens) if ngram else _start(draft, tokens, lens, cfg.capacity)[0]
     row_keys = _row_keys(key, b)
 
     def body(lp: _SpecLoop) -> _SpecLoop:
@@ -334,6 +364,16 @@ def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
     return dataclasses.replace(parts, accept=accept)
 
 
+def _check_draft(draft):
+    if isinstance(draft, NgramDraft):
+        return draft
+    if not isinstance(draft, Transformer):
+        raise ValueError(
+            f"draft: expected a jaxspec.Transformer or a jaxspec.NgramDraft, got {type(draft).__name__}"
+        )
+    return draft
+
+
 def _check_budget(max_new_tokens) -> int:
     if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected an integer >= 1")
@@ -409,6 +449,17 @@ def _check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
+def resolve_stop_tokens(stop_tokens, target: Transformer) -> tuple[int, ...]:
+    """The stop tokens of a generation, validated, sorted and de-duplicated: ``None`` (the
+    default of :func:`generate` and :func:`generate_autoregressive`) means the target's
+    end-of-text ids, ``target.config.eos_token_ids`` (``()`` when its config has no
+    ``eos_token_id``); anything else is taken as given, so ``()`` turns stopping off (rows
+    then run to ``max_new_tokens``). ``jaxspec generate`` resolves its stop tokens here too."""
+    if stop_tokens is None:
+        stop_tokens = target.config.eos_token_ids
+    return _check_stop(stop_tokens, target.config.vocab_size)
+
+
 def _warp(prefix: str, temperature, top_k, top_p) -> tuple[Warp, float]:
     """Validated (static warp, temperature)."""
     try:
@@ -437,12 +488,12 @@ def _check_positions(name: str, model, needed: int, what: str) -> None:
 def generate(
     key,
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | NgramDraft,
     prompts,
     *,
     max_new_tokens: int,
     tree=DEFAULT_TREE,
-    scheme: str = "without_replacement",
+    scheme: str | None = None,
     rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -450,7 +501,7 @@ def generate(
     draft_temperature: float | None = None,
     draft_top_k: int | None = None,
     draft_top_p: float | None = None,
-    stop_tokens: Sequence[int] = (),
+    stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
 ) -> GenerateResult:
@@ -459,7 +510,10 @@ def generate(
 
     Args:
       key: ``jax.random.key``; row b uses ``fold_in(key, b)``.
-      target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
+      target: the :class:`~jaxspec.nn.model.Transformer` whose law is sampled.
+      draft: a :class:`~jaxspec.nn.model.Transformer` with the target's vocabulary, or an
+        :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup: drafts copied from the
+        row's own prompt and output; static trees, scheme ``"deterministic"``).
       prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
         lengths >= 1.
       max_new_tokens: budget per row (>= 1).
@@ -468,7 +522,8 @@ def generate(
         string for :func:`~jaxspec.core.treespec.parse_tree` (default :data:`DEFAULT_TREE`,
         the tree of ``jaxspec generate``).
       scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
-        (dynamic trees: ``"deterministic"`` only).
+        (dynamic trees and n-gram drafts: ``"deterministic"`` only). ``None`` (default):
+        ``"deterministic"`` for those, ``"without_replacement"`` otherwise.
       rule: the verification rule: ``"auto"`` (default: ``"block"`` on a static chain,
         ``"token"`` on any other tree), ``"token"``, ``"block"`` (chains) or ``"traversal"``,
         or a function with the signature of :func:`jaxspec.core.acceptance.accept_core`
@@ -480,7 +535,10 @@ def generate(
         ``without_replacement``); for ``deterministic`` (static or dynamic trees, whose
         draft only *ranks* candidates) ``None`` means temperature 1 and no top-k/top-p.
         Either way ``q`` is the law actually sampled, so the output law is unchanged.
-      stop_tokens: a row ends at its first stop token (included in the output).
+      stop_tokens: a row ends at its first stop token (included in the output). ``None``
+        (default): the target's end-of-text token(s), ``target.config.eos_token_id``, if its
+        config has one; ``()``: no stop token (every row runs to ``max_new_tokens``). See
+        :func:`resolve_stop_tokens`.
       on_round: optional host function ``f(tokens int32[B, max_new_tokens], lengths
         int32[B])`` (numpy) called after every round, in order, for streaming output.
         It is part of the compiled configuration: pass the same object to reuse the
@@ -494,9 +552,9 @@ def generate(
       :class:`GenerateResult` (device arrays; statistics are per row).
     """
     check_transformer("target", target)
-    check_transformer("draft", draft)
+    _check_draft(draft)
     key = sampling.check_key(key)
-    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    stop = resolve_stop_tokens(stop_tokens, target)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, t_temp, d_temp = build_config(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
@@ -505,7 +563,7 @@ def generate(
         on_round=on_round, parts=parts,
     )
     tstate = nnx.state(target)
-    dstate = nnx.state(draft)
+    dstate = None if isinstance(draft, NgramDraft) else nnx.state(draft)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
 
 
@@ -536,17 +594,18 @@ def generate_autoregressive(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    stop_tokens: Sequence[int] = (),
+    stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
 ) -> GenerateResult:
     """Target-only sampling (the baseline), same model code and output format as
     :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
     with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
-    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``on_round`` as
-    in :func:`generate` (called after every token)."""
+    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``stop_tokens``
+    as in :func:`generate` (default: the target's ``eos_token_id``; ``()``: none);
+    ``on_round`` as in :func:`generate` (called after every token)."""
     check_transformer("target", target)
     key = sampling.check_key(key)
-    stop = _check_stop(stop_tokens, target.config.vocab_size)
+    stop = resolve_stop_tokens(stop_tokens, target)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
@@ -562,12 +621,12 @@ def generate_autoregressive(
 
 def build_config(
     target: Transformer,
-    draft: Transformer,
+    draft: Transformer | NgramDraft,
     *,
     prompt_length: int,
     max_new_tokens: int,
     tree,
-    scheme: str = "without_replacement",
+    scheme: str | None = None,
     rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -594,16 +653,33 @@ def build_config(
         cfg == build_config(target, draft, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
     """
     check_transformer("target", target)
-    check_transformer("draft", draft)
+    ngram = isinstance(_check_draft(draft), NgramDraft)
     _check_prompt_length(prompt_length)
     v = target.config.vocab_size
-    if draft.config.vocab_size != v:
+    if not ngram and draft.config.vocab_size != v:
         raise ValueError(
             f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
         )
     m = _check_budget(max_new_tokens)
-    sampling.check_scheme(scheme)
     spec = resolve_tree(tree)
+    if scheme is None:
+        scheme = "deterministic" if ngram or isinstance(spec, DynamicTree) else "without_replacement"
+    sampling.check_scheme(scheme)
+    if ngram:
+        if isinstance(spec, DynamicTree):
+            raise ValueError(
+                f"tree = {spec}: a DynamicTree ranks a draft model's candidates; an n-gram draft "
+                "takes a static tree (a chain such as 'chain:4', or 'branch:3,1,1')"
+            )
+        if scheme != "deterministic":
+            raise ValueError(
+                f"scheme = {scheme!r}: an n-gram draft proposes fixed tokens; expected "
+                "scheme='deterministic' (or None)"
+            )
+        for name, value in (("draft_temperature", draft_temperature), ("draft_top_k", draft_top_k),
+                            ("draft_top_p", draft_top_p)):
+            if value is not None:
+                raise ValueError(f"{name} = {value!r}: an n-gram draft has no proposal law; expected None")
     if isinstance(spec, DynamicTree):
         if scheme != "deterministic":
             raise ValueError(
@@ -625,12 +701,12 @@ def build_config(
         ),
     )
     capacity = int(prompt_length) + m + spec.cache_slots + 1
-    for name, model in (("target", target), ("draft", draft)):
+    for name, model in (("target", target),) + ((() if ngram else (("draft", draft),))):
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
     tdef = nnx.graphdef(target)
-    ddef = nnx.graphdef(draft)
+    ddef = draft if ngram else nnx.graphdef(draft)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
                      parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round))
     return cfg, t_temp, d_temp

@@ -43,6 +43,7 @@ from jaxspec.core.acceptance import AcceptResult, accept_core
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.decode.ngram import NgramDraft, NgramState, propose_ngram
 from jaxspec.nn.cache import KVCache, commit
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 
@@ -164,7 +165,7 @@ class RoundState(NamedTuple):
     prev: jax.Array  # int32[B] the last committed token (cache slot L - 1)
     root: jax.Array  # int32[B] the last emitted token (not yet cached)
     tcache: KVCache  # target cache, lengths = L
-    dcache: KVCache  # draft cache, lengths = L
+    dcache: KVCache | NgramState  # draft cache, lengths = L (an n-gram draft: its prompts)
     emitted: Emitted
 
 
@@ -195,9 +196,15 @@ def speculative_round(
     k_draft, k_acc = split[:, 0], split[:, 1]
     lengths = state.tcache.lengths  # [B] (== state.dcache.lengths)
     dynamic = isinstance(tree, DynamicTree)
+    ngram = isinstance(draft, NgramDraft)
 
     with jax.named_scope("propose"):
-        if dynamic:
+        has_match = None
+        if ngram:
+            node_tokens, has_match = propose_ngram(draft, state.dcache, state.emitted.out, state.emitted.n_out, tree)
+            dcache = state.dcache
+            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)  # never read
+        elif dynamic:
             node_tokens, parents, full_mask, dcache = propose_dynamic(  # full_mask [B, N + 1, N + 1]
                 draft, state.dcache, state.root, tree, cfg.draft_warp, draft_temperature
             )
@@ -209,29 +216,58 @@ def speculative_round(
                 draft, state.dcache, state.prev, state.root, k_draft, tree, cfg.scheme, cfg.draft_warp,
                 draft_temperature,
             )
+        if not dynamic:
             parents = tree.parents_array  # numpy: a compile-time constant
             full_mask = tree.full_mask
             depth_full = jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]  # [1, N + 1]
 
-    with jax.named_scope("verify"):
-        mask = tree_cache_mask(lengths, parts.verify_mask(full_mask), state.tcache.capacity)  # [B, N + 1, S]
-        seq = jnp.concatenate([state.root[:, None], node_tokens], axis=1)  # [B, N + 1]
-        logits, tcache = target(seq, lengths[:, None] + depth_full, state.tcache, mask)
-        target_probs = cfg.target_warp(logits, temperature)  # [B, N + 1, V]
+    def verify_tree(tcache):
+        with jax.named_scope("verify"):
+            mask = tree_cache_mask(lengths, parts.verify_mask(full_mask), tcache.capacity)  # [B, N + 1, S]
+            seq = jnp.concatenate([state.root[:, None], node_tokens], axis=1)  # [B, N + 1]
+            logits, tcache = target(seq, lengths[:, None] + depth_full, tcache, mask)
+            target_probs = cfg.target_warp(logits, temperature)  # [B, N + 1, V]
 
-    with jax.named_scope("accept"):
-        def accept_row(k, par, toks, tp, dp):
-            return parts.accept(k, par, toks, tp, dp, cfg.scheme)
+        with jax.named_scope("accept"):
+            def accept_row(k, par, toks, tp, dp):
+                return parts.accept(k, par, toks, tp, dp, cfg.scheme)
 
-        res = jax.vmap(accept_row, in_axes=(0, 0 if dynamic else None, 0, 0, 0))(
-            k_acc, parents, node_tokens, target_probs, draft_probs
-        )
+            res = jax.vmap(accept_row, in_axes=(0, 0 if dynamic else None, 0, 0, 0))(
+                k_acc, parents, node_tokens, target_probs, draft_probs
+            )
+        return res, tcache
+
+    def target_step(tcache):
+        """No row has a draft worth verifying: one target step, the tree skipped."""
+        with jax.named_scope("verify"):
+            mask = causal_cache_mask(lengths, 1, tcache.capacity)  # [B, 1, S]
+            logits, tcache = target(state.root[:, None], lengths[:, None], tcache, mask)
+            probs = cfg.target_warp(logits[:, 0], temperature)  # [B, V]
+        with jax.named_scope("accept"):
+            tok = jax.vmap(sampling.sample_categorical)(k_acc, probs)  # [B]
+            none = jnp.full((b, n), -1, jnp.int32)
+            res = AcceptResult(
+                tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
+                num_tokens=jnp.ones((b,), jnp.int32),
+                num_accepted=jnp.zeros((b,), jnp.int32),
+                accepted_nodes=none,
+                accepted_per_depth=jnp.zeros((b, n), jnp.int32),
+                last_node=jnp.full((b,), -1, jnp.int32),
+            )
+        return res, tcache
+
+    if has_match is None:
+        res, tcache = verify_tree(state.tcache)
+    else:  # the choice reads only the history, never this round's randomness: still exact
+        res, tcache = jax.lax.cond(jnp.any(has_match & state.emitted.active), verify_tree, target_step,
+                                   state.tcache)
 
     was_active = state.emitted.active
     with jax.named_scope("commit"):
         num = jnp.where(was_active, res.num_tokens, 0)
         tcache = parts.commit(tcache, res.accepted_nodes, num)
-        dcache = parts.commit(dcache, res.accepted_nodes, num)
+        if not ngram:  # an n-gram draft reads the emitted tokens, it keeps no cache
+            dcache = parts.commit(dcache, res.accepted_nodes, num)
 
     with jax.named_scope("emit"):
         emitted = emit_tokens(state.emitted, res.tokens, res.num_tokens, stop_tokens)

@@ -215,7 +215,9 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- configs
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:
-    """HF ``LlamaConfig`` dict for ``config`` (``torch_dtype`` from ``config.dtype``)."""
+    """HF ``LlamaConfig`` dict for ``config`` (``torch_dtype`` from ``config.dtype``;
+    ``eos_token_id`` as in ``config``: an id, a list of ids, or null for none, so that
+    ``transformers`` does not substitute its own default id)."""
     d = config.to_dict()
     dtype = d.pop("dtype")
     d.update(

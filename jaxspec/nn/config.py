@@ -6,11 +6,17 @@ Example::
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     cfg.head_dim            # 8 (hidden_size // num_attention_heads)
     ModelConfig.from_dict(json.load(open("config.json")))   # HF keys; unknown keys ignored
+    cfg.eos_token_ids       # () here; (257,) for the embedded models (config.json's eos_token_id)
 
 Validation happens once, in ``__post_init__`` (plain Python, before any tracing); every
 error names the field, the bad value and what was expected. ``head_dim=None`` and
 ``num_key_value_heads=None`` are resolved on construction (to ``hidden_size //
 num_attention_heads`` and ``num_attention_heads``), so equal models compare equal.
+
+``eos_token_id`` (the end-of-text token; it does not change the network) is ``None``, one id,
+or, as some Hugging Face configs give it (Llama 3: ``[128001, 128008, 128009]``), a list of
+ids, kept as a tuple in the given order (``[]`` -> ``None``); :attr:`ModelConfig.eos_token_ids`
+is always a tuple. :func:`jaxspec.generate` stops at these ids by default.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class ModelConfig:
     attention_bias: bool = False
     head_dim: int | None = None  # None -> hidden_size // num_attention_heads
     dtype: str = "float32"
+    eos_token_id: int | tuple[int, ...] | None = None  # end-of-text id(s); a list -> a tuple
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -121,12 +128,19 @@ class ModelConfig:
         if dtype not in _DTYPES:
             raise ValueError(f"ModelConfig.dtype = {self.dtype!r}: expected one of {_DTYPES}")
         set_("dtype", dtype)
+        set_("eos_token_id", _check_eos(self.eos_token_id, self.vocab_size))
 
     # ------------------------------------------------------------------ derived
     @property
     def param_dtype(self):
         """The parameter dtype as a jnp dtype (``jnp.float32`` or ``jnp.bfloat16``)."""
         return jnp.dtype(self.dtype)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-text ids as a tuple: ``()`` when ``eos_token_id`` is None."""
+        e = self.eos_token_id
+        return () if e is None else (e,) if isinstance(e, int) else e
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -146,8 +160,12 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of all fields (JSON-serialisable; HF key names)."""
-        return dataclasses.asdict(self)
+        """Plain dict of all fields (JSON-serialisable; HF key names; a tuple
+        ``eos_token_id`` becomes a list, as in HF configs)."""
+        d = dataclasses.asdict(self)
+        if isinstance(d["eos_token_id"], tuple):
+            d["eos_token_id"] = list(d["eos_token_id"])
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
@@ -171,6 +189,24 @@ class ModelConfig:
         if missing:
             raise ValueError(f"ModelConfig.from_dict: missing required keys {missing}")
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _check_eos(v, vocab_size: int) -> int | tuple[int, ...] | None:
+    """None, an id or a sequence of ids (HF writes lists) in [0, vocab_size); -> None, an int or
+    a tuple of ints (``[]`` -> None)."""
+    want = f"expected None, a token id in [0, {vocab_size}) or a list of them"
+    if v is None:
+        return None
+    if is_int(v):
+        if not 0 <= v < vocab_size:
+            raise ValueError(f"ModelConfig.eos_token_id = {v!r}: {want}")
+        return int(v)
+    if isinstance(v, (list, tuple)):
+        for i, t in enumerate(v):
+            if not is_int(t) or not 0 <= t < vocab_size:
+                raise ValueError(f"ModelConfig.eos_token_id[{i}] = {t!r}: {want}")
+        return tuple(int(t) for t in v) or None
+    raise ValueError(f"ModelConfig.eos_token_id = {v!r}: {want}")
 
 
 def _check_pos_int(name: str, v) -> None:

@@ -73,19 +73,20 @@ __all__ = [
     "evaluate_loss",
 ]
 
-# Model presets (byte vocabulary). "target"/"draft" are the shipped default pair.
+# Model presets (byte vocabulary; EOS_ID, which ends every corpus document, is their
+# eos_token_id). "target"/"draft" are the shipped default pair.
 PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
         vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, eos_token_id=EOS_ID,
     ),
     "target": ModelConfig(
         vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=EOS_ID,
     ),
     "draft": ModelConfig(
         vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, eos_token_id=EOS_ID,
     ),
 }
 
@@ -98,7 +99,8 @@ _TRAJECTORY_FIELDS = (
     "steps", "batch_size", "seq_len", "lr", "warmup_steps", "min_lr_ratio",
     "weight_decay", "b1", "b2", "clip_norm", "seed",
 )
-# config.json keys that tell loaders how to tokenize the embedded models.
+# config.json keys that tell loaders how to tokenize the embedded models (written by every
+# save, so a model of a custom ModelConfig without eos_token_id is saved with EOS_ID too).
 TOKENIZER_CONFIG = {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "jaxspec_tokenizer": "byte"}
 
 

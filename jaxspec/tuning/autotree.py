@@ -413,8 +413,11 @@ def default_cache_dir() -> Path:
 
 def _model_fingerprint(model: Transformer) -> str:
     """sha256 (16 hex digits) of the config and of every parameter's bytes: two models
-    share it only if they compute the same function."""
-    h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    share it only if they compute the same function. ``eos_token_id`` (when to stop, not what is
+    computed; a later field) is left out, so entries cached before it existed still match."""
+    cfg = model.config.to_dict()
+    cfg.pop("eos_token_id", None)
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
     for path, var in nnx.to_flat_state(nnx.state(model)):
         arr = np.asarray(var.get_value())
         h.update("/".join(map(str, path)).encode())
