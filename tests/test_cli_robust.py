@@ -230,6 +230,75 @@ def test_after_the_command_a_sigint_leaves_with_130(monkeypatch):
     assert codes == [130]
 
 
+
+def _import_time_module(line):
+    """The module of a ``-X importtime`` line ("import time: self | cumulative | name"), or None."""
+    if not line.startswith("import time:") or line.count("|") != 2:
+        return None
+    return line.rsplit("|", 1)[1].strip()
+
+
+@pytest.mark.parametrize(
+    "how, argv, command, at",
+    [
+        ("script", ["--help"], None, "jax."),  # the console script of [project.scripts]
+        ("module", ["generate", "--prompt", "def f(x):"], "generate", "jax."),  # python -m jaxspec.cli
+        ("module", ["verify", "--samples", "1e12"], "verify", "flax."),  # later: JAX imported, flax not yet
+    ],
+)
+def test_ctrl_c_while_importing_exits_130_with_one_line(tmp_path, how, argv, command, at):
+    """SIGINT while the command still imports jaxspec and JAX (before main() runs): status
+    130 and the one line, no KeyboardInterrupt traceback. The moment is not a guess: with
+    ``-X importtime`` (PYTHONPROFILEIMPORTTIME) each finished import prints a line, and the
+    signal goes out at the first line of a module under ``at`` (jaxspec/__init__ is running;
+    JAX's import, the first, has most of its second or so to go); the run counts only if
+    ``jaxspec.cli.main`` had not been imported yet (else, rarely, it is retried)."""
+    if how == "script":
+        exe = os.path.join(os.path.dirname(sys.executable), "jaxspec")
+        if not os.path.isfile(exe):
+            pytest.skip("no jaxspec console script next to the interpreter (package not installed)")
+        cmd = [exe, *argv]
+    else:
+        cmd = [sys.executable, "-m", "jaxspec.cli", *argv]
+    env = dict(_env(tmp_path), PYTHONPROFILEIMPORTTIME="1")
+    line = f"jaxspec {command}: interrupted\n" if command else "jaxspec: interrupted\n"
+    for _ in range(3):
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        seen = []
+        try:
+            for raw in p.stderr:
+                seen.append(raw)
+                module = _import_time_module(raw)
+                if module is not None and module.startswith(at):
+                    break
+            else:
+                pytest.fail(f"the command ended before importing {at}*: {''.join(seen)[-3000:]}")
+            p.send_signal(signal.SIGINT)
+            _, rest = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        err = "".join(seen) + rest
+        imported = {_import_time_module(x) for x in err.splitlines(keepends=True)}
+        err = "".join(x for x in err.splitlines(keepends=True) if _import_time_module(x) is None)
+        assert p.returncode == 130, (p.returncode, err[-3000:])
+        assert err == line, err[-3000:]  # nothing else: no traceback, no "Exception ignored"
+        if "jaxspec.cli.main" not in imported:  # it came while importing: what this test is about
+            return
+    pytest.fail("the signal came after the imports three times")
+
+
+
+def test_the_import_time_line_knows_every_command():
+    """jaxspec/__init__ names the command in its line from a list of its own (it must not
+    import jaxspec.cli): the subcommands of the command line."""
+    import jaxspec
+    from jaxspec.cli.main import COMMANDS
+
+    assert set(jaxspec._COMMAND_NAMES) == {c.name for c in COMMANDS}
+
+
 # ----------------------------------------------------------------------------- --prompt not UTF-8
 
 NOT_UTF8 = os.fsdecode(b"ab\xff")  # what Python makes of the bytes a\xff on the command line: "ab\udcff"

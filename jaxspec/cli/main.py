@@ -71,6 +71,10 @@ def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COM
     after the command (in ``atexit`` callbacks) or one that Python would swallow (in a
     garbage-collector callback). Called with an ``argv`` (tests, other programs), ``main``
     returns 130 instead and leaves the SIGINT handler alone.
+
+    Before ``main`` runs, while the ``jaxspec`` script or ``python -m jaxspec.cli`` imports
+    jaxspec and JAX (seconds), ``jaxspec/__init__.py`` has installed a handler to the same
+    effect (the line, ``os._exit(130)``); ``main`` replaces it.
     """
     if exit_on_interrupt is None:
         exit_on_interrupt = argv is None

@@ -128,8 +128,8 @@ def history(state: NgramState, out, n_out):
     return hist, state.lens + n_out
 
 
-def match_candidates(draft: NgramDraft, hist, length, depth: int):
-    """The ``M = min(candidates, H)`` best-ranked match positions of every row.
+def match_candidates(draft: NgramDraft, hist, length, depth: int, num: int | None = None):
+    """The ``M = min(num or candidates, H)`` best-ranked match positions of every row.
 
     Returns ``tokens int32[B, M, depth]`` (the continuation each proposes) and ``ok
     bool[B, M]`` (a real match; rank order along M)."""
@@ -145,7 +145,7 @@ def match_candidates(draft: NgramDraft, hist, length, depth: int):
         n_match = n_match + run
     valid = (j <= length[:, None] - 2) & (n_match >= draft.min_ngram)
     score = jnp.where(valid, n_match * h + j, -1)  # length first, then recency
-    m = min(draft.candidates, h)
+    m = min(num or draft.candidates, h)
     top, pos = lax.top_k(score, m)  # [B, M], best first
     ok = top >= 0
     period = jnp.maximum(length[:, None] - 1 - pos, 1)  # [B, M] >= 1 where ok
@@ -172,6 +172,9 @@ def propose_ngram(draft: NgramDraft, state: NgramState, out, n_out, tree: Static
     Returns ``node_tokens int32[B, N]`` and ``has_match bool[B]`` (the row has at least
     one match: its root's first child is a real continuation)."""
     hist, length = history(state, out, n_out)
+    if tree.max_siblings == 1:  # a chain follows the best match alone: no tree assignment
+        cand, ok = match_candidates(draft, hist, length, tree.depth, num=1)
+        return jnp.where(ok, cand[:, 0, :], 0), ok[:, 0]
     cand, ok = match_candidates(draft, hist, length, tree.depth)  # [B, M, D], [B, M]
     b, m, _ = cand.shape
     n = tree.num_nodes
