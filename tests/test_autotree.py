@@ -221,6 +221,8 @@ def test_cache_miss_hit_retune(pair, tmp_path, monkeypatch):
         _auto(pair, tmp_path, temperature=0.5)
     with pytest.raises(AssertionError, match="must not measure"):  # other held-out text
         _auto(pair, tmp_path, held_out_tokens=STREAM[::-1].copy())
+    with pytest.raises(AssertionError, match="must not measure"):  # another rule: other round costs
+        _auto(pair, tmp_path, rule="token")
     monkeypatch.undo()
 
     again = _auto(pair, tmp_path, retune=True)
@@ -256,6 +258,9 @@ def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
         (dict(held_out_tokens=STREAM[:8]), r"held_out_tokens: 8 tokens; expected at least"),
         (dict(held_out_tokens=None), r"held_out_tokens: required for a vocabulary of 64 tokens"),
         (dict(batch_size=0), r"batch_size: expected an integer >= 1, got 0"),
+        (dict(rule="block"), r"rule = 'block': expected one of 'auto', 'token', 'traversal'; rule='block' "
+                             r"verifies chains only"),
+        (dict(rule="greedy"), r"rule = 'greedy': expected one of 'auto', 'token', 'traversal'$"),
     ],
 )
 def test_auto_tree_validation(pair, tmp_path, kwargs, match):
@@ -273,3 +278,58 @@ def test_auto_tree_model_validation(pair, tmp_path):
         auto_tree(target, other, scheme="deterministic")
     with pytest.raises(ValueError, match=r"context_len: 4 cache slots cannot hold a round of 3"):
         measure_round_cost(target, draft, [-1, 0, 1], scheme="deterministic", context_len=4)
+
+
+# --------------------------------------------------------------------------- the rule that is timed
+
+
+def test_timed_round_uses_the_rule_generate_uses(pair, monkeypatch):
+    """The round measure_round_cost times runs the acceptance step generate compiles for
+    the same tree, scheme and rule (build_config's RoundParts): with rule="auto", block
+    verification on a chain and the token rule on a branching tree, not the token rule's
+    parts everywhere (the defect: a chain was timed with the token rule, then generated with
+    block verification)."""
+    from jaxspec.core.acceptance import accept_core
+    from jaxspec.core.block import block_accept
+    from jaxspec.core.traversal import traversal_accept
+    from jaxspec.decode.generate import build_config
+
+    target, draft = pair
+    seen = []
+    real = autotree.speculative_round
+
+    def spy(cfg, *args):
+        seen.append(cfg.parts.accept)
+        return real(cfg, *args)
+
+    monkeypatch.setattr(autotree, "speculative_round", spy)
+    cases = [([-1, 0, 1], "auto", block_accept), ([-1, -1, 0], "auto", accept_core),
+             ([-1, 0, 1], "token", accept_core), ([-1, -1, 0], "traversal", traversal_accept)]
+    for tree, rule, want in cases:
+        seen.clear()
+        measure_round_cost(target, draft, tree, scheme="deterministic", rule=rule, context_len=16,
+                           loops=1, repeats=1)
+        lib = build_config(target, draft, prompt_length=2, max_new_tokens=4, tree=tree, scheme="deterministic",
+                           rule=rule)[0].parts.accept
+        assert seen and set(seen) == {want} and lib is want, (tree, rule, seen, lib)
+    with pytest.raises(ValueError, match=r"rule = 'block': not supported on a branching static tree"):
+        measure_round_cost(target, draft, [-1, -1], scheme="deterministic", rule="block", context_len=16)
+
+
+def test_auto_tree_times_each_candidate_with_its_resolved_rule(pair, monkeypatch):
+    """auto_tree passes its rule to every timed round, and each row of the table records the
+    rule it was timed with, resolved for its tree (block on the chains, token elsewhere)."""
+    from jaxspec.core.rules import resolve_rule
+
+    rules_seen = []
+
+    def fake_cost(target, draft, tree, **kw):
+        rules_seen.append(kw["rule"])
+        return RoundCost(1e-3, 1e-3 * (1 + tree.num_nodes))
+
+    monkeypatch.setattr(autotree, "measure_round_cost", fake_cost)
+    res = _auto(pair, None, use_cache=False, budgets=(1, 2, 4), max_depth=2)
+    assert rules_seen == ["auto"] * 3
+    assert [r.rule for r in res.rows] == [resolve_rule("auto", r.parents) for r in res.rows]
+    assert res.rows[0].rule == "block" and res.rows[-1].rule == "token"  # (-1,) a chain; 4 nodes, depth 2: a tree
+    assert " block " in res.table().splitlines()[1]

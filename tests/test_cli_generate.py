@@ -65,6 +65,13 @@ def _run(capsys, *argv):
         (["--prompt", "x", "--target", "foo"], "error: --target: load_model: unknown model 'foo'"),
         (["--prompt", "x", "--draft", "./no/such/folder"], "error: --draft: load_model: model folder"),
         (["--prompt", "x", "--top-p", "0"], "error: --top-p: expected a number in (0, 1], got 0.0"),
+        # --compare runs target-only itself; it and --tree auto's check time warmed-up calls
+        (["--prompt", "x", "--compare", "--baseline"],
+         "error: --compare and --baseline: --compare runs target-only decoding beside speculative decoding; "
+         "pass one of them"),
+        (["--prompt", "x", "--compare", "--no-warmup"], "error: --compare and --no-warmup: --compare times both"),
+        (["--prompt", "x", "--tree", "auto", "--no-warmup"], "error: --tree auto and --no-warmup: --tree auto"),
+        (["--prompt", "x", "--turns", "2"], "error: --turns: applies only to --compare and --tree auto"),
     ],
 )
 def test_errors_are_clean(capsys, argv, needle):
@@ -269,8 +276,9 @@ def test_temperature_zero_speculative_equals_baseline(capsys):
 
 def test_tree_auto_end_to_end(capsys, monkeypatch, tmp_path):
     """--tree auto measures the pair (small budgets), reports the table and the choice
-    on stderr and in --json, generates with the chosen tree, and caches the measurement:
-    the second call reads it back instead of measuring."""
+    on stderr and in --json, checks the pick against target-only with the real generate
+    calls and generates with whichever was faster, and caches the measurement: the second
+    call reads it back instead of measuring."""
     monkeypatch.setenv("JAXSPEC_CACHE_DIR", str(tmp_path))
     argv = ["--prompt", "def f(x):", "--tree", "auto", "--auto-budgets", "3,1",
             "--auto-max-depth", "2", "--scheme", "deterministic", "--temperature", "1",
@@ -279,7 +287,16 @@ def test_tree_auto_end_to_end(capsys, monkeypatch, tmp_path):
     assert code == 0, err
     res = json.loads(out)
     auto = res["auto_tree"]
-    assert res["tree"] == "auto" and res["num_tokens"] == 16
+    assert res["num_tokens"] == 16
+    # the check: both modes timed, the faster one generated
+    cmp = res["compare"]
+    assert auto["measured_speedup"] == cmp["speedup"] > 0
+    assert auto["fallback"] == (cmp["speedup"] < 1) and auto["chosen"] == ("target-only" if auto["fallback"] else "tree")
+    mode = "target_only" if auto["fallback"] else "speculative"
+    assert res["mode"] == ("baseline" if auto["fallback"] else "speculative")
+    assert res["tree"] == (None if auto["fallback"] else "auto") and res["seconds"] == cmp[mode]["seconds"]
+    assert ("falling back to target-only" in err) == auto["fallback"], err
+    assert [r["rule"] for r in auto["table"]] == ["block", "token"]  # 1 node: a chain; 3 nodes, depth <= 2: a tree
     assert [r["budget"] for r in auto["table"]] == [1, 3]
     best = max(auto["table"], key=lambda r: r["predicted_tokens_per_second"])
     assert auto["budget"] == best["budget"] and len(auto["parents"]) == auto["budget"]
@@ -298,3 +315,86 @@ def test_tree_auto_end_to_end(capsys, monkeypatch, tmp_path):
     again = json.loads(out)["auto_tree"]
     assert again["from_cache"] and again["parents"] == auto["parents"]
     assert again["table"] == auto["table"] and "cached in" in err
+
+
+def _compare_line(err):
+    (line,) = [x for x in err.splitlines() if x.startswith("-- speculative ") and " vs target-only " in x]
+    return line
+
+
+@pytest.mark.parametrize("draft", [[], ["--draft", "ngram"]], ids=["default-pair", "ngram"])
+def test_compare_runs_both_modes_in_turns(capsys, draft):
+    """--compare at temperature 0: both modes on the same prompt and seed, an untimed first call
+    each then 3 timed turns each; the JSON carries both modes' figures and their ratio, the
+    same tokens (greedy decoding of the target) and says so; stderr has the one-line summary."""
+    argv = ["--prompt", "import os\nimport sys\nimport os\n", "--compare", "--temperature", "0",
+            "--max-new-tokens", "16", *draft]
+    code, out, err = _run(capsys, *argv, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    cmp = res["compare"]
+    sp, tg = cmp["speculative"], cmp["target_only"]
+    assert cmp["turns"] == 3 and len(sp["seconds_turns"]) == len(tg["seconds_turns"]) == 3
+    for m in (sp, tg):
+        assert m["num_tokens"] == 16 and m["seconds"] > 0 and m["seconds_with_compile"] > 0
+        assert m["tokens_per_second"] == pytest.approx(16 / m["seconds"]) and m["seconds"] in m["seconds_turns"]
+    assert cmp["speedup"] == pytest.approx(sp["tokens_per_second"] / tg["tokens_per_second"]) and cmp["speedup"] > 0
+    assert cmp["speedup_turn_range"][0] <= cmp["speedup_turn_range"][1]
+    assert cmp["same_tokens"] is True and cmp["same_tokens_expected"] is True
+    assert tg["tokens_per_target_call"] == 1.0 and sp["tokens_per_target_call"] >= 1.0
+    # the top level is the speculative run, timed as the median of its turns
+    assert res["mode"] == "speculative" and res["seconds"] == sp["seconds"] and res["num_tokens"] == 16
+    assert res["draft"].startswith("ngram:max=") if draft else res["draft"] == "default-draft"
+    line = _compare_line(err)
+    assert line == (f"-- speculative {sp['tokens_per_second']:.1f} tok/s vs target-only {tg['tokens_per_second']:.1f} "
+                    f"tok/s ({cmp['speedup']:.2f}×" + ("; speculative is slower here" if cmp["speedup"] < 1 else "")
+                    + "); same tokens: yes"), line
+    if draft:
+        return
+    code, text_out, err = _run(capsys, *argv)  # text: the speculative text (not streamed) and both lines
+    assert code == 0, err
+    assert text_out == argv[1] + res["text"] + "\n"
+    assert "then 3 timed turns of each" in err and "-- speculative: num_tokens 16," in err, err
+    assert "(median of 3 turns;" in err and _compare_line(err).endswith("same tokens: yes"), err
+
+
+def test_tree_auto_falls_back_to_target_only_when_speculation_is_slower(capsys, monkeypatch):
+    """--tree auto checks its pick against target-only with the real generate calls; where the
+    measured speculative tokens/s is lower (forced here: the speculative turns' seconds are
+    inflated), it says so on stderr and generates target-only, recording both in --json."""
+    from jaxspec.cli import generate as cli_generate
+    from jaxspec.tuning import autotree
+
+    picked = autotree.tabulate([0.8], (2,), 2, lambda tree: autotree.RoundCost(1e-3, 1e-3), 1e-3)
+    assert picked.parents == (-1, 0) and picked.predicted_speedup > 1  # a 2-chain predicted to pay off
+    asked = {}
+
+    def fake_auto_tree(target, draft, **kw):  # the measurement itself: tests/test_autotree.py
+        asked.update(kw)
+        return picked
+
+    monkeypatch.setattr(autotree, "auto_tree", fake_auto_tree)
+    real = cli_generate._time_modes
+
+    def slow_speculation(fns, turns):
+        times, outs, firsts = real(fns, turns)
+        times["speculative"] = [t * 100 for t in times["speculative"]]
+        return times, outs, firsts
+
+    monkeypatch.setattr(cli_generate, "_time_modes", slow_speculation)
+    code, out, err = _run(capsys, "--prompt", "def f(x):", "--tree", "auto", "--temperature", "0",
+                          "--max-new-tokens", "8", "--turns", "1", "--json")
+    assert code == 0, err
+    assert asked["rule"] == "auto" and asked["scheme"] == "without_replacement"
+    res = json.loads(out)
+    auto, cmp = res["auto_tree"], res["compare"]
+    assert cmp["turns"] == 1 and cmp["speedup"] < 0.1 and cmp["same_tokens"] is True
+    assert auto["fallback"] is True and auto["chosen"] == "target-only" and auto["measured_speedup"] == cmp["speedup"]
+    assert auto["predicted_speedup"] == picked.predicted_speedup and auto["parents"] == [-1, 0]
+    assert res["mode"] == "baseline" and res["tree"] is None and res["draft"] is None
+    assert res["tokens_per_target_call"] == 1.0 and res["rounds"] == 8  # generated target-only
+    assert res["seconds"] == cmp["target_only"]["seconds"]
+    assert ("-- --tree auto: speculative decoding with the picked tree is slower than target-only here "
+            f"(measured {cmp['speedup']:.2f}×, predicted {picked.predicted_speedup:.2f}×): falling back to "
+            "target-only decoding") in err, err
+    assert "speculative is slower here); same tokens: yes" in _compare_line(err)

@@ -530,9 +530,9 @@ CLI_SNAPSHOT = {
     "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),
     "generate": ([
-        "--auto-budgets", "--auto-max-depth", "--baseline", "--draft", "--help", "--json", "--max-new-tokens",
-        "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed", "--target", "--temperature", "--top-k",
-        "--top-p", "--tree", "-h",
+        "--auto-budgets", "--auto-max-depth", "--baseline", "--compare", "--draft", "--help", "--json",
+        "--max-new-tokens", "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed",
+        "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns", "-h",
     ], []),
     "verify": ([
         "--alpha", "--chunk-size", "--draft", "--draft-temperature", "--draft-top-k", "--draft-top-p", "--help",
@@ -621,7 +621,9 @@ def test_auto_tree_reads_a_cache_entry_written_before_the_reorganisation(tmp_pat
     """A cache file named and laid out exactly as the pre-reorganisation jaxspec/autotree.py
     wrote it (file name ``autotree-<cache_key>.json`` from its key recipe, body
     ``json.dumps(result.to_dict(), indent=1)``) is a cache hit of today's auto_tree: nothing
-    is measured. The key recipe, the settings and the layout are literals here."""
+    is measured. The key recipe, the settings and the layout are literals here. Such entries
+    timed every round with the token rule, so they are hits for ``rule="token"`` only (the
+    default ``rule="auto"`` times chains with block verification: another key)."""
     import jax
     import numpy as np
 
@@ -671,7 +673,7 @@ def test_auto_tree_reads_a_cache_entry_written_before_the_reorganisation(tmp_pat
     res = autotree.auto_tree(target, draft, scheme="deterministic", temperature=1.0, budgets=(1, 3),
                              max_depth=2, held_out_tokens=stream, num_windows=num_windows,
                              window_len=window_len, loops=2, repeats=1, context_len=64,
-                             cache_dir=tmp_path, progress=False)
+                             cache_dir=tmp_path, progress=False, rule="token")
     assert res.from_cache and res.cache_path == str(path)
     assert res.parents == (-1, -1, 0) and res.budget == 3 and res.depth == 2
     assert res.acceptance == (0.5, 0.2, 0.1) and res.target_step_s == 0.001

@@ -16,8 +16,10 @@ each tree of :attr:`LookupBenchConfig.ngram_trees`, and the default draft model 
 ``chain:4``. Rows report tau (tokens per target call, summed over the timed calls),
 tokens/s and the speedup over target-only measured in the same turns.
 
-JSON (``prompt_lookup.json``): ``rows`` and ``headline`` (the best n-gram speedup per
-workload at temperature 0). Plot: speedup per mode, one panel per temperature.
+JSON (``prompt_lookup.json``): ``rows`` (per prompt), ``summary`` (per workload: tau over
+all calls, geometric-mean speedup) and ``headline`` (per workload at temperature 0: the best
+n-gram mode's speedup and tau, the draft model's speedup). Plot: speedup per mode, one panel
+per temperature.
 
     report = run("tiny")
     {r["mode"] for r in report["rows"]} >= {"ngram chain:4", "draft chain:4"}    # True
@@ -202,21 +204,23 @@ def _summary(rows: list[dict]) -> list[dict]:
 
 
 def headline(report: dict) -> dict:
-    """Per workload at the lowest temperature measured: the best n-gram mode's speedup and
-    tau, and the draft model's."""
-    out = {}
+    """At the lowest temperature measured, per workload: the best n-gram mode's speedup
+    (``lookup_speedup_t0``) and tau (``lookup_tau_t0``), and the draft model's speedup
+    (``lookup_draft_speedup_t0``), each a ``{workload: value}`` dict; plus which mode won."""
     temps = sorted({s["temperature"] for s in report["summary"]})
-    if not temps:
-        return out
+    out = {"lookup_speedup_t0": {}, "lookup_tau_t0": {}, "lookup_draft_speedup_t0": {}, "lookup_best_mode": {},
+           "headline_temperature": temps[0] if temps else None}
     for w in WORKLOADS:
-        sel = [s for s in report["summary"] if s["workload"] == w and s["temperature"] == temps[0]]
+        sel = [s for s in report["summary"] if temps and s["workload"] == w and s["temperature"] == temps[0]]
         ng = [s for s in sel if s["mode"].startswith("ngram")]
         dm = [s for s in sel if s["mode"].startswith("draft")]
         if ng:
             best = max(ng, key=lambda s: s["speedup"])
-            out[w] = {"temperature": temps[0], "ngram_mode": best["mode"], "ngram_speedup": best["speedup"],
-                      "ngram_tau": best["tau"], "draft_speedup": dm[0]["speedup"] if dm else None,
-                      "draft_tau": dm[0]["tau"] if dm else None}
+            out["lookup_speedup_t0"][w] = best["speedup"]
+            out["lookup_tau_t0"][w] = best["tau"]
+            out["lookup_best_mode"][w] = best["mode"]
+        if dm:
+            out["lookup_draft_speedup_t0"][w] = dm[0]["speedup"]
     return out
 
 

@@ -34,11 +34,12 @@ HEADLINE_KEYS = {
     "compile": ("generate_compile_s", "generate_autoregressive_compile_s", "accept_compile_s"),
     "harness": ("harness_samples_per_s", "harness_num_samples", "harness_peak_rss_mb", "harness_growth_ratio"),
     "rules": ("block_gain_chain4", "rule_tau_t1", "rule_speedup_t1"),
+    "lookup": ("lookup_speedup_t0", "lookup_tau_t0", "lookup_draft_speedup_t0"),
 }
 
 
 @command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory, "
-                        "rule gains)")
+                        "rule gains, prompt lookup)")
 def bench_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.bench import BENCHMARKS
     from jaxspec.core.rules import RULES

@@ -13,15 +13,27 @@ models, or a Hugging Face ``tokenizer.json`` in the target's folder (needs the
     jaxspec generate --prompt "def f(x):" --tree auto --retune --auto-budgets 4,8,16
     jaxspec generate --target models/SmolLM2-360M --draft models/SmolLM2-135M --prompt "def f(x):"
     jaxspec generate --draft ngram --prompt "$(cat notes.txt)"   # prompt lookup: no draft model
+    jaxspec generate --prompt "def f(x):" --compare --temperature 0   # speculative vs target-only
 
 At temperature 0 the speculative and baseline texts are identical (greedy decoding of the
 target); at any temperature the speculative text has exactly the law of target sampling.
 
+``--compare`` runs both modes on the same prompt, seed and settings: one untimed first call
+each (compilation), then ``--turns`` timed turns in which each mode runs once
+(:func:`jaxspec.bench.common.interleaved_turns`, so that a changing machine load hits both
+alike); the figures are medians. It prints the speculative text and
+``speculative X tok/s vs target-only Y tok/s (Z×); same tokens: yes`` to stderr, and under
+``"compare"`` in ``--json``. The timed calls do not stream (a per-round host callback would
+cost target-only, one call per token, more than speculation).
+
 ``--tree auto`` runs :func:`jaxspec.tuning.autotree.auto_tree` for the pair, scheme and warp
-(acceptance on held-out text, round costs timed on this device; cached under
-``$JAXSPEC_CACHE_DIR`` or ``~/.cache/jaxspec``, ``--retune`` measures again), prints the
-table and the chosen tree to stderr (and under ``"auto_tree"`` in ``--json``), then
-generates with that tree.
+(acceptance on held-out text, round costs timed on this device with the verification rule
+``generate`` will use; cached under ``$JAXSPEC_CACHE_DIR`` or ``~/.cache/jaxspec``,
+``--retune`` measures again), prints the table and the chosen tree to stderr (and under
+``"auto_tree"`` in ``--json``). A prediction is not a measurement: it then times the chosen
+tree against target-only decoding with the real ``generate`` calls, as ``--compare`` does,
+and where speculation is slower it says so and falls back to target-only decoding
+(``"auto_tree"`` records what was measured and what was chosen).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import argparse
 import json
 import pathlib
 import re
+import statistics
 import sys
 import time
 
@@ -53,6 +66,7 @@ DEFAULT_TREE = "chain:4"  # jaxspec.generate's default too (tests/test_generate.
 DEFAULT_TEMPERATURE = 1.0  # jaxspec.generate's and jaxspec.verify's: the model's own law
 DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
 DEFAULT_AUTO_MAX_DEPTH = 8
+DEFAULT_TURNS = 3  # timed turns of each mode for --compare and --tree auto's check
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
 
 # library argument names -> the flags that set them, in messages that reach the command line
@@ -174,6 +188,12 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                         "drafts copied from the prompt and the output ('ngram:4', 'ngram:max=4,min=2'; "
                         "docs/PROMPT_LOOKUP.md)")
     p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
+    p.add_argument("--compare", action="store_true",
+                   help="run speculative and target-only decoding on the same prompt, seed and settings, timed "
+                        "in turns after an untimed first call each, and print both tokens/s and their ratio")
+    p.add_argument("--turns", type=positive_int, default=None,
+                   help=f"--compare and --tree auto's check against target-only: timed turns of each mode "
+                        f"(default {DEFAULT_TURNS}; the figures are medians)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--no-warmup", action="store_true",
                    help="generate once, streaming from the start (default: a silent first call compiles, "
@@ -210,6 +230,17 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         tree = None
         auto_spec = args.tree.strip().lower() == "auto"
         auto = auto_spec and not args.baseline  # --baseline uses no tree
+        if args.compare and args.baseline:
+            raise CLIError("--compare and --baseline: --compare runs target-only decoding beside speculative "
+                           "decoding; pass one of them")
+        paired = args.compare or auto  # both modes timed side by side
+        if paired and args.no_warmup:
+            first = "--compare" if args.compare else "--tree auto"
+            raise CLIError(f"{first} and --no-warmup: {first} times both modes after an untimed first call "
+                           "each (compilation); drop --no-warmup")
+        if args.turns is not None and not paired:
+            raise CLIError("--turns: applies only to --compare and --tree auto (without --baseline)")
+        turns = args.turns if args.turns is not None else DEFAULT_TURNS
         budgets = _budgets(args.auto_budgets)  # validated whatever the tree, then applicability
         if args.auto_max_depth is not None and args.auto_max_depth < 1:
             raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
@@ -290,36 +321,54 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             stop = (tok.eos_id,)
         common["stop_tokens"] = stop
 
-        stream = _Stream(tok)
-        if not args.json:
-            # the same object for both calls: one compilation. --json prints nothing per
-            # round, and a program with a host callback is never stored in the persistent
-            # compilation cache: without it a second run loads the program from disk
-            common["on_round"] = stream
+        def speculative(on_round=None):
+            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, rule=args.rule,
+                            on_round=on_round, **common)
 
-        def call():
-            if args.baseline:
-                return generate_autoregressive(key, target, [ids], **common)
-            return generate(key, target, draft, [ids], tree=tree, scheme=args.scheme, rule=args.rule, **common)
+        def target_only(on_round=None):
+            return generate_autoregressive(key, target, [ids], on_round=on_round, **common)
 
-        if not args.json:  # stdout stays pure JSON with --json
-            what = "compiling (the timing includes it)" if args.no_warmup else \
-                "compiling and warming up (first call, not timed)"
-            print(f"{what} ...", file=sys.stderr, flush=True)
-        t_first = None
-        if not args.no_warmup:
+        baseline = args.baseline
+        comparison = None
+        if paired:
+            if not args.json:  # stdout stays pure JSON with --json
+                print(f"compiling and warming up both modes (first calls, not timed), then {turns} timed "
+                      f"turns of each ...", file=sys.stderr, flush=True)
+            times, outs, firsts = _time_modes({"speculative": speculative, "target_only": target_only}, turns)
+            comparison = _comparison(times, outs, firsts, turns, args.temperature)
+            if auto:
+                baseline = _check_auto_choice(auto_result, comparison)
+            mode = "target_only" if baseline else "speculative"
+            out, t_first = outs[mode], firsts[mode]
+            t_run = comparison[mode]["seconds"]
+        else:
+            stream = _Stream(tok)
+            # --json prints nothing per round, and a program with a host callback is never stored in the
+            # persistent compilation cache: without it a second run loads the program from disk. With it,
+            # the same object for both calls: one compilation
+            on_round = None if args.json else stream
+
+            def call():
+                return target_only(on_round) if baseline else speculative(on_round)
+
+            if not args.json:
+                what = "compiling (the timing includes it)" if args.no_warmup else \
+                    "compiling and warming up (first call, not timed)"
+                print(f"{what} ...", file=sys.stderr, flush=True)
+            t_first = None
+            if not args.no_warmup:
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(call())  # compiles, and runs once silently
+                t_first = time.perf_counter() - t0
+            if not args.json:
+                sys.stdout.write(args.prompt)
+                sys.stdout.flush()
+                stream.enabled = True  # the timed run streams each round as it completes
             t0 = time.perf_counter()
-            out = jax.block_until_ready(call())  # compiles, and runs once silently
-            t_first = time.perf_counter() - t0
-        if not args.json:
-            sys.stdout.write(args.prompt)
-            sys.stdout.flush()
-            stream.enabled = True  # the timed run streams each round as it completes
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(call())
-        t_run = time.perf_counter() - t0
-        if t_first is None:
-            t_first = t_run
+            out = jax.block_until_ready(call())
+            t_run = time.perf_counter() - t0
+            if t_first is None:
+                t_first = t_run
         n = int(np.asarray(out.lengths)[0])
         new_ids = [int(t) for t in np.asarray(out.tokens)[0, :n]]
         text = tok.decode(new_ids)
@@ -328,11 +377,11 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "text": text,
             "prompt": args.prompt,
             "tokens": new_ids,  # "tokens" is always a list of ids; "num_tokens" (from s) the count
-            "mode": "baseline" if args.baseline else "speculative",
-            "draft": None if args.baseline else (lookup.spec if lookup is not None else args.draft),
-            "tree": None if args.baseline else args.tree,
-            "scheme": None if args.baseline else args.scheme,
-            "rule": None if args.baseline else rule_name(resolve_rule(args.rule, tree)),
+            "mode": "baseline" if baseline else "speculative",
+            "draft": None if baseline else (lookup.spec if lookup is not None else args.draft),
+            "tree": None if baseline else args.tree,
+            "scheme": None if baseline else args.scheme,
+            "rule": None if baseline else rule_name(resolve_rule(args.rule, tree)),
             "temperature": args.temperature,
             "top_k": args.top_k,
             "top_p": args.top_p,
@@ -340,24 +389,33 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "stop_tokens": list(stop),
             **s,  # num_tokens, target_calls, draft_calls, rounds, loop_rounds, tokens_per_target_call, ...
             "tokens_per_second": n / t_run if t_run > 0 else None,
-            "seconds": t_run,
+            "seconds": t_run,  # --compare / --tree auto: the median of the timed turns
             "seconds_with_compile": t_first,
             "timing_includes_compile": bool(args.no_warmup),
         }
+        if comparison is not None:
+            result["compare"] = comparison
         if auto_result is not None:
-            result["auto_tree"] = _auto_summary(auto_result)
+            result["auto_tree"] = _auto_summary(auto_result, comparison, baseline)
         if args.json:
             print(json.dumps(result))
         else:
-            stream.finish(text)
-            timing = ("including compilation" if args.no_warmup
-                      else f"compiled; first call with compilation {t_first:.1f} s")
+            if paired:  # not streamed: the timed calls run without a host callback
+                sys.stdout.write(args.prompt + text + "\n")
+                sys.stdout.flush()
+                timing = f"median of {turns} turns; first call with compilation {t_first:.1f} s"
+            else:
+                stream.finish(text)
+                timing = ("including compilation" if args.no_warmup
+                          else f"compiled; first call with compilation {t_first:.1f} s")
             print(
                 f"-- {result['mode']}: num_tokens {n}, rounds {s['rounds']}, "
                 f"tokens_per_target_call {s['tokens_per_target_call']:.2f}, "
                 f"tokens_per_second {result['tokens_per_second']:.1f} ({timing})",
                 file=sys.stderr,
             )
+        if comparison is not None:
+            print(f"-- {_comparison_line(comparison)}", file=sys.stderr)
         return 0
 
     return run
@@ -486,7 +544,8 @@ def _auto_tree(args, target, draft, tok, prompt_len: int):
         held_out = tok.encode(text)
     try:
         res = auto_tree(
-            target, draft, scheme=args.scheme, temperature=args.temperature, top_k=args.top_k,
+            target, draft, scheme=args.scheme, rule=args.rule,  # the rule generate will use
+            temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, budgets=budgets, max_depth=args.auto_max_depth,
             key=jax.random.key(0),  # the tuning draws, independent of --seed: one cache entry
             held_out_tokens=held_out, retune=args.retune, progress=True,
@@ -504,14 +563,122 @@ def _auto_tree(args, target, draft, tok, prompt_len: int):
         file=sys.stderr,
     )
     if res.predicted_speedup < 1.0:
-        print("-- note: no candidate is predicted to beat target-only decoding on this device "
-              "(--baseline decodes target-only)", file=sys.stderr)
+        print("-- note: no candidate is predicted to beat target-only decoding on this device; "
+              "measuring the pick anyway", file=sys.stderr)
     return res
 
 
-def _auto_summary(res) -> dict:
-    """The ``"auto_tree"`` entry of ``--json``."""
+def _time_modes(fns: dict, turns: int):
+    """Time the modes side by side, as the benchmarks do
+    (:func:`jaxspec.bench.common.interleaved_turns`): one untimed first call each (it
+    compiles), then ``turns`` turns in which every mode runs once, each call ended by
+    ``block_until_ready``. ``fns`` maps a name to a function of no argument.
+
+    Returns ``({name: [wall seconds per turn]}, {name: output of its last call},
+    {name: wall seconds of its first call, compilation included})``.
+    """
+    import jax
+
+    from jaxspec.bench.common import interleaved_turns
+
+    firsts = {}
+
+    def timed(name, fn):
+        def call(i):
+            if i >= 0:
+                return fn()
+            t0 = time.perf_counter()  # the warm-up call: timed here, with its compilation
+            out = jax.block_until_ready(fn())
+            firsts[name] = time.perf_counter() - t0
+            return out
+
+        return call
+
+    times, outs = interleaved_turns({k: timed(k, f) for k, f in fns.items()}, turns)
+    return times, outs, firsts
+
+
+def _row_tokens(out) -> list[int]:
+    import numpy as np
+
+    return np.asarray(out.tokens)[0, : int(np.asarray(out.lengths)[0])].tolist()
+
+
+def _comparison(times: dict, outs: dict, firsts: dict, turns: int, temperature: float) -> dict:
+    """The ``"compare"`` entry of ``--json``: each mode's figures (median seconds of the
+    timed turns, tokens/s from it), the ratio of tokens/s, its range over single turns,
+    and whether both modes emitted the same tokens (expected at temperature 0 only)."""
+    modes = {}
+    for name in ("speculative", "target_only"):
+        s = outs[name].summary()
+        sec = statistics.median(times[name])
+        modes[name] = {
+            "num_tokens": s["num_tokens"],
+            "tokens_per_second": s["num_tokens"] / sec if sec > 0 else None,
+            "seconds": sec,
+            "seconds_turns": list(times[name]),
+            "seconds_with_compile": firsts[name],
+            "tokens_per_target_call": s["tokens_per_target_call"],
+            "rounds": s["rounds"],
+        }
+    sp, tg = modes["speculative"], modes["target_only"]
+    ratio = (sp["tokens_per_second"] / tg["tokens_per_second"]
+             if sp["tokens_per_second"] and tg["tokens_per_second"] else None)
+    per_turn = [(sp["num_tokens"] / a) / (tg["num_tokens"] / b)
+                for a, b in zip(times["speculative"], times["target_only"], strict=True) if a > 0 and b > 0]
     return {
+        "turns": turns,
+        **modes,
+        "speedup": ratio,  # speculative tokens/s over target-only tokens/s
+        "speedup_turn_range": [min(per_turn), max(per_turn)] if per_turn else None,
+        "same_tokens": _row_tokens(outs["speculative"]) == _row_tokens(outs["target_only"]),
+        "same_tokens_expected": temperature == 0,
+    }
+
+
+def _comparison_line(c: dict) -> str:
+    """``speculative X tok/s vs target-only Y tok/s (Z×); same tokens: yes``."""
+    def rate(mode):
+        tps = c[mode]["tokens_per_second"]
+        return "n/a" if tps is None else f"{tps:.1f}"
+
+    ratio = c["speedup"]
+    line = f"speculative {rate('speculative')} tok/s vs target-only {rate('target_only')} tok/s ("
+    line += "n/a)" if ratio is None else f"{ratio:.2f}×" + ("; speculative is slower here)" if ratio < 1 else ")")
+    if c["same_tokens"]:
+        same = "yes"
+    elif c["same_tokens_expected"]:
+        same = "NO, expected yes at temperature 0 (both are greedy decoding of the target)"
+    else:
+        same = "no (expected at temperature > 0: the same law, other draws)"
+    return f"{line}; same tokens: {same}"
+
+
+def _check_auto_choice(res, c: dict) -> bool:
+    """Report on stderr how the ``--tree auto`` pick fared against target-only in the
+    timed comparison; True (fall back to target-only) where it was slower."""
+    slower = c["speedup"] is None or c["speedup"] < 1.0
+    measured = "n/a" if c["speedup"] is None else f"{c['speedup']:.2f}×"
+    if slower:
+        print(f"-- --tree auto: speculative decoding with the picked tree is slower than target-only here "
+              f"(measured {measured}, predicted {res.predicted_speedup:.2f}×): falling back to target-only "
+              "decoding", file=sys.stderr)
+    else:
+        print(f"-- --tree auto: the picked tree beats target-only here (measured {measured}, predicted "
+              f"{res.predicted_speedup:.2f}×): generating with it", file=sys.stderr)
+    return slower
+
+
+def _auto_summary(res, comparison: dict | None = None, fell_back: bool = False) -> dict:
+    """The ``"auto_tree"`` entry of ``--json``: the prediction, the table, and what the
+    check against target-only measured (``measured_speedup``) and chose (``chosen``:
+    ``"tree"`` or ``"target-only"``)."""
+    return {
+        "chosen": "target-only" if fell_back else "tree",
+        "fallback": fell_back,
+        "measured_speedup": None if comparison is None else comparison["speedup"],
+        "measured_tokens_per_second": None if comparison is None else {
+            k: comparison[k]["tokens_per_second"] for k in ("speculative", "target_only")},
         "parents": list(res.parents),
         "budget": res.budget,
         "depth": res.depth,
@@ -523,7 +690,7 @@ def _auto_summary(res) -> dict:
         "from_cache": res.from_cache,
         "cache_path": res.cache_path,
         "table": [
-            {"budget": r.budget, "depth": r.depth, "predicted_tau": r.predicted_tau,
+            {"budget": r.budget, "depth": r.depth, "rule": r.rule, "predicted_tau": r.predicted_tau,
              "verify_seconds": r.verify_s, "round_seconds": r.round_s,
              "predicted_tokens_per_second": r.tokens_per_s, "predicted_speedup": r.speedup}
             for r in res.rows

@@ -12,9 +12,12 @@ A bigger tree accepts more per round but costs more per round (the target verifi
 3. the measured wall time of one speculative round with ``tree_N`` on this device:
    a jitted ``fori_loop`` of real rounds (draft proposal of every level, the target's
    tree-verification forward of ``N + 1`` tokens against a KV cache of ``context_len``
-   slots, warps, the acceptance rule, the cache commits), its time divided by its length
-   so that dispatch is not counted, median of ``repeats``; the verification forward alone
-   is timed the same way (``verify_s``, to show where the time goes);
+   slots, warps, the acceptance rule that :func:`jaxspec.generate` will use for that tree
+   (``rule``, resolved by :func:`jaxspec.core.rules.resolve_rule`: ``"auto"`` is block
+   verification on a chain, the token rule on a branching tree), the cache commits), its
+   time divided by its length so that dispatch is not counted, median of ``repeats``; the
+   verification forward alone is timed the same way (``verify_s``, to show where the time
+   goes);
 4. the target-only decode step (forward of 1 token, warp, draw), timed the same way;
 
 and picks ``argmax_N tau_N / round_s(N)`` (predicted speedup ``tau_N / round_s(N) *
@@ -34,8 +37,12 @@ Example (the embedded pair; the first call measures, later calls read the cache)
 
 The prediction trusts the positional model (see :mod:`jaxspec.tuning.optimize`): it ignores
 that acceptances at successive depths are correlated, so measured tau of deep chains
-tends to exceed the prediction a little. Timings on a busy machine are noisy; pass
-``retune=True`` (``--retune`` on the command line) to measure again.
+tends to exceed the prediction a little; tau is the token rule's (block and traversal
+verification accept at least as much; with ``scheme="deterministic"`` exactly as much).
+Timings on a busy machine are noisy; pass ``retune=True`` (``--retune`` on the command
+line) to measure again. A prediction is not a measurement of ``generate`` itself:
+``jaxspec generate --tree auto`` checks the chosen tree against target-only decoding with
+the real ``generate`` call and falls back to target-only where speculation is slower.
 """
 
 from __future__ import annotations
@@ -56,11 +63,12 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.checks import is_int
-from jaxspec.core import sampling
+from jaxspec.core import rules, sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.round import (
     RoundConfig,
+    RoundParts,
     RoundState,
     autoregressive_step,
     speculative_round,
@@ -83,7 +91,9 @@ __all__ = [
     "default_cache_dir",
 ]
 
-#: bump when the measurement changes meaning: old cache entries are then ignored
+#: bump when the measurement changes meaning: old cache entries are then ignored. (The rule
+#: a round is timed with is a setting: entries cached before it was one timed every round with
+#: the token rule, and stay valid for ``rule="token"`` alone; see :func:`auto_tree`.)
 CACHE_VERSION = 1
 DEFAULT_BUDGETS = (2, 4, 6, 8, 12, 16, 24, 32)
 
@@ -112,6 +122,7 @@ class AutoTreeRow:
     round_s: float
     tokens_per_s: float  # predicted, per batch row: predicted_tau / round_s
     speedup: float  # predicted tokens_per_s / target-only tokens per second
+    rule: str = "token"  # the verification rule the round was timed with (resolved: never "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,13 +161,13 @@ class AutoTreeResult:
 
     def table(self) -> str:
         """The table as aligned text; the chosen row is marked with ``*``."""
-        head = (f"{'':1s} {'N':>4s} {'depth':>5s} {'pred tau':>8s} {'verify ms':>9s} "
+        head = (f"{'':1s} {'N':>4s} {'depth':>5s} {'rule':>5s} {'pred tau':>8s} {'verify ms':>9s} "
                 f"{'round ms':>8s} {'tokens/s':>9s} {'speedup':>7s}")
         lines = [head]
         for r in self.rows:
             mark = "*" if r.budget == self.budget else " "
             lines.append(
-                f"{mark} {r.budget:4d} {r.depth:5d} {r.predicted_tau:8.3f} {r.verify_s * 1e3:9.3f} "
+                f"{mark} {r.budget:4d} {r.depth:5d} {r.rule:>5s} {r.predicted_tau:8.3f} {r.verify_s * 1e3:9.3f} "
                 f"{r.round_s * 1e3:8.3f} {r.tokens_per_s:9.1f} {r.speedup:6.2f}x"
             )
         lines.append(f"  target-only step {self.target_step_s * 1e3:.3f} ms "
@@ -187,6 +198,20 @@ def _check_pos(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+#: the rules auto_tree's candidates (branching trees, and chains) can be timed with
+_AUTO_RULES = (rules.AUTO, "token", "traversal")
+
+
+def _check_rule(rule) -> str:
+    """A rule name every candidate tree takes: ``"auto"``, ``"token"`` or ``"traversal"``
+    (``"block"`` verifies chains only; a function cannot key the cache)."""
+    if not isinstance(rule, str) or rule not in _AUTO_RULES:
+        hint = ("; rule='block' verifies chains only, and 'auto' already uses it on the chains among the "
+                "candidates" if rule == "block" else "")
+        raise ValueError(f"rule = {rule!r}: expected one of {', '.join(map(repr, _AUTO_RULES))}{hint}")
+    return rule
+
+
 def _check_budgets(budgets) -> tuple[int, ...]:
     if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (Sequence, np.ndarray)):
         raise ValueError(f"budgets: expected a non-empty sequence of node counts >= 1, got {budgets!r}")
@@ -212,6 +237,7 @@ def tabulate(
     max_depth: int,
     round_cost: Callable[[StaticTree], RoundCost],
     target_step_s: float,
+    rule: str = rules.AUTO,
 ) -> AutoTreeResult:
     """The table and the argmax of predicted tokens/s, from an acceptance vector and a
     cost function (measured by :func:`auto_tree`; injected in tests).
@@ -222,6 +248,8 @@ def tabulate(
       max_depth: the deepest level allowed.
       round_cost: ``StaticTree -> RoundCost`` seconds of one round with that tree.
       target_step_s: seconds of one target-only decode step (> 0).
+      rule: the verification rule ``round_cost`` times with; each row records it resolved
+        for its tree (``"auto"``: ``"block"`` on a chain, ``"token"`` otherwise).
 
     Returns:
       :class:`AutoTreeResult` whose ``budget`` maximizes ``predicted_tau / round_s``
@@ -235,6 +263,7 @@ def tabulate(
     max_depth = _check_pos("max_depth", max_depth)
     if not isinstance(target_step_s, (int, float)) or not np.isfinite(target_step_s) or target_step_s <= 0:
         raise ValueError(f"target_step_s: expected seconds > 0, got {target_step_s!r}")
+    rule = _check_rule(rule)
     acc = tuple(float(x) for x in np.asarray(acceptance, np.float64).reshape(-1))
     rows = []
     for n in budgets:
@@ -247,7 +276,7 @@ def tabulate(
         rows.append(AutoTreeRow(
             budget=n, depth=tree.depth, parents=tree.parents, predicted_tau=opt.expected_tokens,
             verify_s=float(cost.verify_s), round_s=float(cost.round_s), tokens_per_s=tps,
-            speedup=tps * target_step_s,
+            speedup=tps * target_step_s, rule=rules.resolve_rule(rule, tree),
         ))
     best = max(rows, key=lambda r: (r.tokens_per_s, -r.budget))
     return AutoTreeResult(
@@ -318,16 +347,18 @@ def measure_target_step(
 
 
 def measure_round_cost(
-    target: Transformer, draft: Transformer, tree, *, scheme: str, temperature: float = 1.0,
-    top_k=None, top_p=None, draft_temperature=None, draft_top_k=None, draft_top_p=None,
-    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
+    target: Transformer, draft: Transformer, tree, *, scheme: str, rule=rules.AUTO,
+    temperature: float = 1.0, top_k=None, top_p=None, draft_temperature=None, draft_top_k=None,
+    draft_top_p=None, batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
 ) -> RoundCost:
     """Seconds of one speculative round with a static ``tree`` on this device.
 
     ``round_s``: a jitted ``fori_loop`` of ``loops`` rounds built from the pieces
     :func:`jaxspec.generate` runs (``propose_static``: one draft forward per depth level
     and the sibling draws; the target's forward over ``[root] + N`` nodes under the tree
-    mask against a cache of ``context_len`` slots; warps; the acceptance rule vmapped over
+    mask against a cache of ``context_len`` slots; warps; the acceptance step of ``rule``
+    as :func:`jaxspec.generate` resolves it for ``tree`` (``"auto"``: block verification on
+    a chain, the token rule otherwise; :func:`jaxspec.core.rules.check_rule`), vmapped over
     rows; both cache commits), divided by ``loops``, median of ``repeats``. The caches
     keep the same length every round, so every round costs the same. ``verify_s``: the
     target forward alone, timed the same way.
@@ -349,7 +380,9 @@ def measure_round_cost(
         scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
     )
     sampling.validate_warp_args(dt, dk, dp)
-    round_cfg = RoundConfig(tree, scheme, Warp(top_k, top_p), Warp(dk, dp))
+    # the acceptance step generate's build_config puts in RoundParts for this rule and tree
+    parts = RoundParts(accept=rules.check_rule(rule, scheme, tree))
+    round_cfg = RoundConfig(tree, scheme, Warp(top_k, top_p), Warp(dk, dp), parts)
     t_warp = round_cfg.target_warp
     tdef, tstate = nnx.split(target)
     ddef, dstate = nnx.split(draft)
@@ -484,6 +517,7 @@ def auto_tree(
     draft: Transformer,
     *,
     scheme: str,
+    rule: str = rules.AUTO,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -514,6 +548,9 @@ def auto_tree(
       target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
       scheme, temperature, top_k, top_p, draft_*: as :func:`jaxspec.generate` (the
         acceptance vector depends on them).
+      rule: the verification rule :func:`jaxspec.generate` will be called with:
+        ``"auto"`` (its default: each candidate's rounds are timed with block verification
+        if it is a chain, the token rule otherwise), ``"token"`` or ``"traversal"``.
       budgets: candidate node counts ``N``.
       max_depth: the deepest level a tree may have.
       key: ``jax.random.key`` (required unless ``scheme="deterministic"``).
@@ -543,6 +580,7 @@ def auto_tree(
     if draft.config.vocab_size != v:
         raise ValueError(f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}")
     sampling.check_scheme(scheme)
+    rule = _check_rule(rule)
     sampling.validate_warp_args(temperature, top_k, top_p)
     dwarp = sampling.draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature,
                                      draft_top_k, draft_top_p)
@@ -574,6 +612,9 @@ def auto_tree(
     windows = _held_out(target, held_out_tokens, num_windows, window_len)  # int32[W, T]
     settings = {
         "scheme": scheme,
+        # the rule of the timed rounds; absent for "token", whose rounds are timed as they were
+        # before the rule was a setting, so that those cache entries keep their key
+        **({} if rule == "token" else {"rule": rule}),
         "target_warp": [float(temperature), top_k, None if top_p is None else float(top_p)],
         "draft_warp": [float(dwarp[0]), dwarp[1], None if dwarp[2] is None else float(dwarp[2])],
         "budgets": list(budgets), "max_depth": max_depth, "max_rank": max_rank,
@@ -613,13 +654,13 @@ def auto_tree(
 
     def cost(tree: StaticTree) -> RoundCost:
         bar.set_postfix_str(f"round of {tree.num_nodes} nodes")
-        c = measure_round_cost(target, draft, tree, scheme=scheme, **warp,
+        c = measure_round_cost(target, draft, tree, scheme=scheme, rule=rule, **warp,
                                draft_temperature=draft_temperature, draft_top_k=draft_top_k,
                                draft_top_p=draft_top_p, **common)
         bar.update()
         return c
 
-    result = tabulate(est.mean, budgets, max_depth, cost, step)
+    result = tabulate(est.mean, budgets, max_depth, cost, step, rule=rule)
     bar.close()
     dev = jax.devices()[0]
     info = {
