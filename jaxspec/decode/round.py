@@ -25,6 +25,11 @@ one to break the decoder on purpose::
 
     parts = RoundParts(verify_mask=causal)   # generate(..., parts=parts) / verify(parts=...)
 
+With an :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup) ``propose`` copies the
+nodes from the rows' histories (no draft model, no draft cache), and when no active row has a
+match the round runs one target step instead of ``verify`` and ``accept`` (a ``lax.cond``
+whose choice reads only past tokens).
+
 Each step runs under a :func:`jax.named_scope` (``propose``, ``verify``, ``accept``,
 ``commit``, ``emit``), so a profile reads like this docstring.
 """
