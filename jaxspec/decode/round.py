@@ -208,19 +208,18 @@ def speculative_round(
         if ngram:
             node_tokens, has_match = propose_ngram(draft, state.dcache, state.emitted.out, state.emitted.n_out, tree)
             dcache = state.dcache
-            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)  # never read
         elif dynamic:
             node_tokens, parents, full_mask, dcache = propose_dynamic(  # full_mask [B, N + 1, N + 1]
                 draft, state.dcache, state.root, tree, cfg.draft_warp, draft_temperature
             )
             depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
-            # fixed candidates: the rule reads no draft row (deterministic scheme)
-            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)
         else:
             node_tokens, draft_probs, dcache = propose_static(
                 draft, state.dcache, state.prev, state.root, k_draft, tree, cfg.scheme, cfg.draft_warp,
                 draft_temperature,
             )
+        if ngram or dynamic:  # fixed candidates: the rule reads no draft row (deterministic scheme)
+            draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)
         if not dynamic:
             parents = tree.parents_array  # numpy: a compile-time constant
             full_mask = tree.full_mask
@@ -244,21 +243,15 @@ def speculative_round(
 
     def target_step(tcache):
         """No row has a draft worth verifying: one target step, the tree skipped."""
-        with jax.named_scope("verify"):
-            mask = causal_cache_mask(lengths, 1, tcache.capacity)  # [B, 1, S]
-            logits, tcache = target(state.root[:, None], lengths[:, None], tcache, mask)
-            probs = cfg.target_warp(logits[:, 0], temperature)  # [B, V]
-        with jax.named_scope("accept"):
-            tok = jax.vmap(sampling.sample_categorical)(k_acc, probs)  # [B]
-            none = jnp.full((b, n), -1, jnp.int32)
-            res = AcceptResult(
-                tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
-                num_tokens=jnp.ones((b,), jnp.int32),
-                num_accepted=jnp.zeros((b,), jnp.int32),
-                accepted_nodes=none,
-                accepted_per_depth=jnp.zeros((b, n), jnp.int32),
-                last_node=jnp.full((b,), -1, jnp.int32),
-            )
+        tok, tcache = _target_draw(target, cfg.target_warp, tcache, state.root, k_acc, temperature)
+        res = AcceptResult(  # nothing accepted; the drawn token is the extra one
+            tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
+            num_tokens=jnp.ones((b,), jnp.int32),
+            num_accepted=jnp.zeros((b,), jnp.int32),
+            accepted_nodes=jnp.full((b, n), -1, jnp.int32),
+            accepted_per_depth=jnp.zeros((b, n), jnp.int32),
+            last_node=jnp.full((b,), -1, jnp.int32),
+        )
         return res, tcache
 
     if has_match is None:
@@ -289,6 +282,20 @@ def speculative_round(
     return nxt, res
 
 
+def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature) -> tuple[jax.Array, KVCache]:
+    """Forward the root (``int32[B]``) at slot ``L`` and draw one token per row (``keys
+    [B]``) from the warped law: ``(token int32[B], cache with the root's K/V)``; ``lengths``
+    unchanged. The target-only step, and a speculative round with nothing to verify."""
+    lengths = cache.lengths
+    with jax.named_scope("verify"):
+        mask = causal_cache_mask(lengths, 1, cache.capacity)  # [B, 1, S]
+        logits, cache = target(root[:, None], lengths[:, None], cache, mask)
+        probs = warp(logits[:, 0], temperature)  # [B, V]
+    with jax.named_scope("accept"):
+        tok = jax.vmap(sampling.sample_categorical)(keys, probs)  # [B]
+    return tok, cache
+
+
 def autoregressive_step(
     target, warp: Warp, cache: KVCache, root, emitted: Emitted, keys, temperature, stop_tokens
 ) -> tuple[jax.Array, KVCache, Emitted]:
@@ -297,12 +304,7 @@ def autoregressive_step(
     Returns ``(next root int32[B], cache, emitted)``."""
     b = root.shape[0]
     lengths = cache.lengths
-    with jax.named_scope("verify"):
-        mask = causal_cache_mask(lengths, 1, cache.capacity)  # [B, 1, S]
-        logits, cache = target(root[:, None], lengths[:, None], cache, mask)
-        probs = warp(logits[:, 0], temperature)  # [B, V]
-    with jax.named_scope("accept"):
-        tok = jax.vmap(sampling.sample_categorical)(keys, probs)  # [B]
+    tok, cache = _target_draw(target, warp, cache, root, keys, temperature)
     was_active = emitted.active
     with jax.named_scope("commit"):
         cache = cache.replace(lengths=lengths + was_active.astype(jnp.int32))
