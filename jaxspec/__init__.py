@@ -9,7 +9,8 @@ Public API (see docs/DESIGN.md §5):
 * warps and draft draws: :mod:`jaxspec.core.sampling` (also ``jaxspec.sampling``);
 * models: :class:`ModelConfig`, :func:`init_model`, :func:`forward_logits`,
   :class:`KVCache`, masks and the commit of accepted paths;
-* generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`;
+* generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`,
+  on one device or a mesh (:func:`make_mesh`, :mod:`jaxspec.nn.sharding`);
   tree specs :class:`DynamicTree`, :func:`parse_tree`;
 * checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
   :func:`save_model`; :class:`ByteTokenizer`;
@@ -103,6 +104,7 @@ from jaxspec.nn.cache import KVCache, advance, commit, init_cache
 from jaxspec.nn.checkpoint import embedded_models, load_model, save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.nn.sharding import make_mesh
 from jaxspec.nn.model import (
     Transformer,
     decode_step,
@@ -128,7 +130,7 @@ __all__ = [
     "branching_widths", "causal_cache_mask", "chain", "commit", "decode_step", "draw", "draw_deterministic",
     "draw_iid", "draw_without_replacement", "embedded_models", "expected_accepted", "forward_logits",
     "from_parents", "generate", "generate_autoregressive", "init_cache", "init_model", "load_model",
-    "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling",
+    "make_mesh", "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling",
     "save_model", "sibling_laws", "speculative_accept", "tree_cache_mask", "tree_children", "tree_depths",
     "tree_mask", "tree_paths", "tree_positions", "validate_parents", "validate_warp_args", "warp_logits",
     "warp_probs",

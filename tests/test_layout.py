@@ -531,12 +531,12 @@ CLI_SNAPSHOT = {
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),
     "generate": ([
         "--auto-budgets", "--auto-max-depth", "--baseline", "--compare", "--draft", "--help", "--json",
-        "--max-new-tokens", "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed",
+        "--max-new-tokens", "--mesh", "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed",
         "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns", "-h",
     ], []),
     "verify": ([
         "--alpha", "--chunk-size", "--draft", "--draft-temperature", "--draft-top-k", "--draft-top-p", "--help",
-        "--horizon", "--json", "--mutant", "--no-acceptance", "--no-compile-cache", "--no-progress", "--plots", "--prompt", "--rule", "--samples",
+        "--horizon", "--json", "--mesh", "--mutant", "--no-acceptance", "--no-compile-cache", "--no-progress", "--plots", "--prompt", "--rule", "--samples",
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),
 }

@@ -89,6 +89,37 @@ unit_float = arg_type(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 seed_int = arg_type(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
 
 
+def mesh_flag(s: str) -> dict[str, int]:
+    """An argparse ``type=`` for ``--mesh``: ``"data=2,model=4"`` -> ``{"data": 2, "model": 4}``."""
+    from jaxspec.nn.sharding import parse_mesh
+
+    try:
+        return parse_mesh(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"mesh = {s!r}: ")) from None
+
+
+def flag_mesh(sizes: dict[str, int] | None):
+    """The :class:`jax.sharding.Mesh` of a parsed ``--mesh`` (None stays None).
+
+    Called before JAX starts its backends: on a machine whose only devices are the CPU,
+    JAX shows one device unless ``XLA_FLAGS`` asks for more, so the flag asking for the
+    mesh's device count is added when ``XLA_FLAGS`` has none (on an accelerator it only
+    splits the host platform, which the mesh does not use)."""
+    if sizes is None:
+        return None
+    data, model = sizes.get("data", 1), sizes.get("model", 1)
+    flag = "--xla_force_host_platform_device_count"
+    if flag not in os.environ.get("XLA_FLAGS", ""):  # read when the CPU backend starts, not at import
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={data * model}".strip()
+    from jaxspec.nn.sharding import make_mesh
+
+    try:
+        return make_mesh(data=data, model=model)
+    except ValueError as e:
+        raise CLIError(f"--mesh data={data},model={model}: {str(e).removeprefix('make_mesh: ')}") from None
+
+
 def utf8_text(s: str) -> str:
     """An argparse ``type=`` for text (``--prompt``): refuses a string that is not valid
     UTF-8, such as the lone surrogates (``"\\udcff"``) Python decodes undecodable

@@ -51,7 +51,9 @@ from jaxspec.cli.common import (
     Handler,
     check_tokenizer_fits,
     command,
+    flag_mesh,
     load_flag_model,
+    mesh_flag,
     positive_int,
     resolve_scheme,
     resolve_tokenizer,
@@ -194,6 +196,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--turns", type=positive_int, default=None,
                    help=f"--compare and --tree auto's check against target-only: timed turns of each mode "
                         f"(default {DEFAULT_TURNS}; the figures are medians)")
+    p.add_argument("--mesh", type=mesh_flag, default=None, metavar="data=N,model=M",
+                   help="run on a device mesh: rows over 'data', parameters and KV heads over 'model' "
+                        "(on CPU, host devices are made to fit)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--no-warmup", action="store_true",
                    help="generate once, streaming from the start (default: a silent first call compiles, "
@@ -206,6 +211,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         import jax
         import numpy as np
 
+        mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
         if not args.no_compile_cache:
             enable_compilation_cache()
 
@@ -242,6 +248,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             raise CLIError("--turns: applies only to --compare and --tree auto (without --baseline)")
         turns = args.turns if args.turns is not None else DEFAULT_TURNS
         budgets = _budgets(args.auto_budgets)  # validated whatever the tree, then applicability
+        if auto and mesh is not None:
+            raise CLIError("--tree auto and --mesh: --tree auto times trees on one device; pass a --tree "
+                           "such as chain:4 with --mesh")
         if args.auto_max_depth is not None and args.auto_max_depth < 1:
             raise CLIError(f"--auto-max-depth = {args.auto_max_depth}: expected an integer >= 1")
         if not auto_spec:
@@ -297,11 +306,11 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             try:
                 if args.baseline:
                     build_ar_config(target, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
-                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, mesh=mesh)
                 else:
                     build_config(target, draft, prompt_length=len(ids), max_new_tokens=args.max_new_tokens,
                                  tree=tree, scheme=args.scheme, rule=args.rule, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p)
+                                 top_k=args.top_k, top_p=args.top_p, mesh=mesh)
             except ValueError as e:
                 raise CLIError(_flag_words(str(e), args.tree)) from None
         auto_result = None
@@ -311,7 +320,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         key = jax.random.key(args.seed)
         common = dict(
             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p,
+            top_k=args.top_k, top_p=args.top_p, mesh=mesh,
         )
         # the library's default stop tokens: the target's eos_token_id (config.json); a folder whose
         # config.json has none stops at the end-of-text token its tokenizer_config.json names
@@ -387,6 +396,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             "top_p": args.top_p,
             "seed": args.seed,
             "stop_tokens": list(stop),
+            "mesh": args.mesh and {"data": args.mesh.get("data", 1), "model": args.mesh.get("model", 1)},
             **s,  # num_tokens, target_calls, draft_calls, rounds, loop_rounds, tokens_per_target_call, ...
             "tokens_per_second": n / t_run if t_run > 0 else None,
             "seconds": t_run,  # --compare / --tree auto: the median of the timed turns

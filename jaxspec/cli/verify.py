@@ -29,7 +29,9 @@ from jaxspec.cli.common import (
     check_output_dir,
     check_tokenizer_fits,
     command,
+    flag_mesh,
     load_flag_model,
+    mesh_flag,
     nonneg_float,
     positive_int,
     resolve_scheme,
@@ -159,6 +161,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--chunk-size", type=positive_int, help="rows per device per step (default: 16384 on CPU, "
                                                             "65536 on accelerators)")
     g.add_argument("--no-acceptance", action="store_true", help="skip the acceptance-per-depth run")
+    g.add_argument("--mesh", type=mesh_flag, default=None, metavar="data=N,model=M",
+                   help="blocks of samples over 'data', each block's model forwards split over 'model' "
+                        "(default: blocks over every device; on CPU, host devices are made to fit)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the report as JSON (instead of the summary)")
     g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR")
@@ -167,6 +172,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                    help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE)")
 
     def run(args: argparse.Namespace) -> int:
+        args.mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
         if not args.no_compile_cache:
             enable_compilation_cache()
         try:
@@ -212,6 +218,7 @@ def _run(args: argparse.Namespace) -> int:
             draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
             alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
+            mesh=args.mesh,
         )
     except ValueError as e:
         raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxspec.checks import is_int
 from jaxspec.core import rules, sampling
@@ -55,6 +56,7 @@ from jaxspec.decode.round import (
     start_emitted,
 )
 from jaxspec.decode.ngram import NgramDraft, NgramState
+from jaxspec.nn import sharding
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
 __all__ = [
@@ -158,6 +160,8 @@ class SpecConfig:
     capacity: int
     parts: RoundParts = RoundParts()
     on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per round
+    mesh: Mesh | None = None  # rows over "data", parameters and KV heads over "model"
+    split_rows: bool = True  # False: rows are already per device (the harness's shard_map)
 
     @property
     def round_config(self) -> RoundConfig:
@@ -193,6 +197,8 @@ class ARConfig:
     max_new_tokens: int
     capacity: int
     on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per step
+    mesh: Mesh | None = None
+    split_rows: bool = True
 
 
 # --------------------------------------------------------------------------- the loops
@@ -206,12 +212,23 @@ def _fold_all(keys, r):
     return jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
 
 
-def _start(model, tokens, lens, capacity):
+def _start(model, tokens, lens, cfg):
     """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root."""
     committed = lens - 1
-    _, cache = prefill(model, tokens, committed, capacity)
+    _, cache = prefill(model, tokens, committed, cfg.capacity)
     root = jnp.take_along_axis(tokens, committed[:, None], axis=1)[:, 0]
-    return cache, root
+    return _place_cache(cache, model, cfg), root
+
+
+def _rows(tree, cfg):
+    """Per-row loop state kept split by rows over the mesh's data axis (identity without)."""
+    return sharding.constrain_rows(tree, cfg.mesh, rows=cfg.split_rows)
+
+
+def _place_cache(cache, model, cfg):
+    """The cache's layout on ``cfg.mesh`` (rows over data, KV heads over model), so that
+    the loop carry keeps it; the identity without a mesh."""
+    return sharding.constrain_cache(cache, model.config, cfg.mesh, rows=cfg.split_rows)
 
 
 class _SpecLoop(NamedTuple):
@@ -234,9 +251,9 @@ def speculative_program(
     m = cfg.max_new_tokens
     stat_d = cfg.stat_depth
     round_cfg = cfg.round_config
-    tcache, root = _start(target, tokens, lens, cfg.capacity)
+    tcache, root = _start(target, tokens, lens, cfg)
     prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
-    dcache = NgramState(tokens, lens) if ngram else _start(draft, tokens, lens, cfg.capacity)[0]
+    dcache = NgramState(tokens, lens) if ngram else _start(draft, tokens, lens, cfg)[0]
     row_keys = _row_keys(key, b)
 
     def body(lp: _SpecLoop) -> _SpecLoop:
@@ -244,6 +261,10 @@ def speculative_program(
         st, res = speculative_round(
             round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.r), temperature, draft_temperature, stop_tokens
         )
+        if cfg.mesh is not None:
+            st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
+                             dcache=_rows(st.dcache, cfg) if ngram else _place_cache(st.dcache, draft, cfg),
+                             prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
         if cfg.on_round is not None:  # streaming: ordered host callback, once per round
             jax.debug.callback(cfg.on_round, st.emitted.out, st.emitted.n_out, ordered=True)
         per_depth = res.accepted_per_depth[:, :stat_d]
@@ -265,7 +286,7 @@ def speculative_program(
     )
     lp = jax.lax.while_loop(cond, body, init)
     lengths = lp.st.emitted.n_out
-    return GenerateResult(
+    return _rows(GenerateResult(
         tokens=lp.st.emitted.out,
         lengths=lengths,
         rounds=lp.rounds,
@@ -273,7 +294,7 @@ def speculative_program(
         draft_calls=lp.rounds * cfg.draft_calls_per_round,
         tau=lengths.astype(jnp.float32) / jnp.maximum(lp.rounds, 1).astype(jnp.float32),
         accepted_per_depth=lp.accepted,
-    )
+    ), cfg)
 
 
 def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
@@ -283,7 +304,7 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
     model = nnx.merge(cfg.target_def, target_state)
     b = tokens.shape[0]
     m = cfg.max_new_tokens
-    cache, root = _start(model, tokens, lens, cfg.capacity)
+    cache, root = _start(model, tokens, lens, cfg)
     row_keys = _row_keys(key, b)
 
     def body(carry):
@@ -291,6 +312,8 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
         root, cache, emitted = autoregressive_step(
             model, cfg.warp, cache, root, emitted, _fold_all(row_keys, r), temperature, stop_tokens
         )
+        cache = _place_cache(cache, model, cfg)
+        root, emitted = _rows((root, emitted), cfg)
         if cfg.on_round is not None:
             jax.debug.callback(cfg.on_round, emitted.out, emitted.n_out, ordered=True)
         return r + 1, root, cache, emitted
@@ -300,7 +323,7 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
 
     _, _, _, emitted = jax.lax.while_loop(cond, body, (jnp.int32(0), root, cache, start_emitted(b, m)))
     lengths = emitted.n_out
-    return GenerateResult(
+    return _rows(GenerateResult(
         tokens=emitted.out,
         lengths=lengths,
         rounds=lengths,
@@ -308,7 +331,7 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
         draft_calls=jnp.zeros((b,), jnp.int32),
         tau=(lengths > 0).astype(jnp.float32),
         accepted_per_depth=jnp.zeros((b, 0), jnp.int32),
-    )
+    ), cfg)
 
 
 # --------------------------------------------------------------------------- compile cache
@@ -372,6 +395,17 @@ def _check_draft(draft):
             f"draft: expected a jaxspec.Transformer or a jaxspec.NgramDraft, got {type(draft).__name__}"
         )
     return draft
+
+
+def _check_mesh(mesh, target, draft) -> Mesh | None:
+    """``mesh`` validated against the models it splits (None stays None)."""
+    if mesh is None:
+        return None
+    sharding.check_mesh(mesh)
+    sharding.check_model_on_mesh("target", target.config, mesh)
+    if draft is not None:
+        sharding.check_model_on_mesh("draft", draft.config, mesh)
+    return mesh
 
 
 def _check_budget(max_new_tokens) -> int:
@@ -504,6 +538,7 @@ def generate(
     stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
+    mesh: Mesh | None = None,
 ) -> GenerateResult:
     """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
     the warped target alone (greedy target decoding at ``temperature=0``).
@@ -547,6 +582,12 @@ def generate(
         verification mask, acceptance rule, commit); ``None`` = the library's own. A
         replaced part is the caller's claim to check, e.g. with :func:`jaxspec.verify`
         (``parts=``).
+      mesh: a :class:`jax.sharding.Mesh` with axes ``"data"`` and/or ``"model"``
+        (:func:`jaxspec.make_mesh`): rows split over ``data`` (a batch is padded to a
+        multiple of its size; the padding rows are dropped), both models' parameters and
+        KV caches over ``model`` (:mod:`jaxspec.nn.sharding`). ``None``: one device. Row
+        b's randomness is ``fold_in(key, b)`` on any mesh, so the tokens are those of one
+        device, up to the last bits of a ``model`` split's sums.
 
     Returns:
       :class:`GenerateResult` (device arrays; statistics are per row).
@@ -560,7 +601,7 @@ def generate(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        on_round=on_round, parts=parts,
+        on_round=on_round, parts=parts, mesh=mesh,
     )
     tstate = nnx.state(target)
     dstate = None if isinstance(draft, NgramDraft) else nnx.state(draft)
@@ -570,11 +611,39 @@ def generate(
 def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature,
                  draft_temperature, stop_tokens=()) -> GenerateResult:
     """Run the compiled function of ``cfg`` on validated inputs (no checks; tests and
-    benchmarks use it to reuse a configuration, e.g. one with other :class:`RoundParts`)."""
-    return compiled(cfg)(
-        target_state, draft_state, key, jnp.asarray(tokens, jnp.int32), jnp.asarray(lens, jnp.int32),
-        jnp.float32(temperature), jnp.float32(draft_temperature), _stop_array(stop_tokens),
+    benchmarks use it to reuse a configuration, e.g. one with other :class:`RoundParts`).
+    With ``cfg.mesh``, the inputs are first placed on it (:func:`_on_mesh`)."""
+    states = (target_state,) if draft_state is None else (target_state, draft_state)
+    defs = (cfg.target_def,) if draft_state is None else (cfg.target_def, cfg.draft_def)
+    scalars = (jnp.float32(temperature), jnp.float32(draft_temperature), _stop_array(stop_tokens))
+    return _on_mesh(cfg, defs, states, key, tokens, lens, scalars, lambda st, *rest: compiled(cfg)(
+        st[0], st[1] if len(st) > 1 else None, *rest))
+
+
+def _on_mesh(cfg, defs, states, key, tokens, lens, scalars, call) -> GenerateResult:
+    """``call(states, key, tokens, lens, *scalars)``; with ``cfg.mesh``: rows padded (with
+    copies of the last row) to a multiple of the data axis and split over it, parameters
+    split over the model axis (:func:`jaxspec.nn.sharding.shard_state`), the rest
+    replicated; the padding rows are dropped from the result, whose arrays are whole on
+    every process. Row b's randomness is ``fold_in(key, b)`` on any mesh."""
+    tokens = np.asarray(tokens, np.int32)
+    lens = np.asarray(lens, np.int32)
+    mesh = cfg.mesh
+    if mesh is None:
+        return call(states, key, jnp.asarray(tokens), jnp.asarray(lens), *scalars)
+    b = tokens.shape[0]
+    pad = sharding.padded_rows(b, mesh) - b
+    if pad:
+        tokens = np.concatenate([tokens, np.repeat(tokens[-1:], pad, axis=0)])
+        lens = np.concatenate([lens, np.repeat(lens[-1:], pad)])
+    rep = sharding.replicated(mesh)
+    states = tuple(sharding.shard_state(s, nnx.merge(d, s).config, mesh) for d, s in zip(defs, states))
+    out = call(
+        states, sharding.put(key, rep), sharding.put(tokens, sharding.row_sharding(mesh, 2)),
+        sharding.put(lens, sharding.row_sharding(mesh, 1)), *(sharding.put(x, rep) for x in scalars),
     )
+    out = sharding.gather(out)
+    return jax.tree.map(lambda x: x[:b], out) if pad else out
 
 
 def _stop_array(stop_tokens):
@@ -596,24 +665,25 @@ def generate_autoregressive(
     top_p: float | None = None,
     stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
+    mesh: Mesh | None = None,
 ) -> GenerateResult:
     """Target-only sampling (the baseline), same model code and output format as
     :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
     with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
     step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``stop_tokens``
     as in :func:`generate` (default: the target's ``eos_token_id``; ``()``: none);
-    ``on_round`` as in :func:`generate` (called after every token)."""
+    ``on_round`` as in :func:`generate` (called after every token); ``mesh`` as in
+    :func:`generate`."""
     check_transformer("target", target)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, on_round=on_round,
+        top_k=top_k, top_p=top_p, on_round=on_round, mesh=mesh,
     )
-    return compiled(cfg)(
-        nnx.state(target), key, jnp.asarray(tokens), jnp.asarray(lens), jnp.float32(temp), _stop_array(stop)
-    )
+    return _on_mesh(cfg, (cfg.target_def,), (nnx.state(target),), key, tokens, lens,
+                    (jnp.float32(temp), _stop_array(stop)), lambda st, *rest: compiled(cfg)(st[0], *rest))
 
 
 # --------------------------------------------------------------------------- configuration
@@ -636,6 +706,7 @@ def build_config(
     draft_top_p: float | None = None,
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[SpecConfig, float, float]:
     """The static configuration :func:`generate` compiles for prompts padded to
     ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
@@ -707,8 +778,10 @@ def build_config(
         )
     tdef = nnx.graphdef(target)
     ddef = draft if ngram else nnx.graphdef(draft)
+    mesh = _check_mesh(mesh, target, None if ngram else draft)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
-                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round))
+                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round),
+                     mesh=mesh)
     return cfg, t_temp, d_temp
 
 
@@ -721,6 +794,7 @@ def build_ar_config(
     top_k: int | None = None,
     top_p: float | None = None,
     on_round: Callable | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[ARConfig, float]:
     """The static configuration :func:`generate_autoregressive` compiles for prompts padded
     to ``prompt_length`` tokens, with its arguments validated; ``(config, temperature)``
@@ -731,4 +805,5 @@ def build_ar_config(
     warp, temp = _warp("", temperature, top_k, top_p)
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
-    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=_check_on_round(on_round)), temp
+    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=_check_on_round(on_round),
+                    mesh=_check_mesh(mesh, target, None)), temp

@@ -98,6 +98,7 @@ from jaxspec.exactness.exact_laws import (
 )
 from jaxspec.exactness.report import MAX_MIN_DETECTABLE_TV, TestResult, VerifyReport
 from jaxspec.exactness.sample_counts import count_samples
+from jaxspec.nn import sharding
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer, init_model
 
@@ -298,6 +299,7 @@ def verify(
     alpha: float = 1e-3,
     check_acceptance: bool = True,
     devices: Sequence | None = None,
+    mesh=None,
     progress: bool = True,
 ) -> VerifyReport:
     """Test that speculative decoding with this configuration samples the target's law.
@@ -324,6 +326,10 @@ def verify(
       alpha: family-wise error rate, split over the tests by Bonferroni.
       check_acceptance: also run one-round decoding and test acceptance per depth.
       devices: devices of the 1-D mesh (default ``jax.devices()``).
+      mesh: instead of ``devices``, a :class:`jax.sharding.Mesh` with axes ``"data"``
+        and/or ``"model"`` (:func:`jaxspec.make_mesh`): blocks of samples over ``data``, and
+        each block's forwards split over ``model`` as :func:`jaxspec.generate` splits them
+        (:mod:`jaxspec.nn.sharding`).
       progress: tqdm progress bars on stderr.
 
     Raises:
@@ -353,6 +359,15 @@ def verify(
     if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
         raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
                          "pass a top_k so that top_k**horizon cells are countable")
+    if mesh is not None:
+        if devices is not None:
+            raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")
+        mesh = sharding.full_mesh(mesh)
+        for name, model in (("target", target), ("draft", draft)):
+            sharding.check_model_on_mesh(name, model.config, mesh)
+        devices = tuple(mesh.devices.flat)
+        setup = dataclasses.replace(setup, **{f: dataclasses.replace(getattr(setup, f), mesh=mesh, split_rows=False)
+                                              for f in ("spec_cfg", "first_cfg", "ar_cfg")})
     devices = tuple(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices: expected at least one device")
@@ -393,10 +408,13 @@ def verify(
         timings["expected_acceptance_s"] = time.perf_counter() - t0
 
     states = (nnx.split(target)[1], nnx.split(draft)[1])
+    if mesh is not None:
+        states = (sharding.shard_state(states[0], target.config, mesh),
+                  sharding.shard_state(states[1], draft.config, mesh))
     temps = (setup.temperature, setup.draft_temperature)
     base = jax.random.key(seed)
     common = dict(prompt=prompt, horizon=horizon, vocab=v, levels=levels, num_samples=num_samples,
-                  chunk=chunk, devices=devices, progress=progress)
+                  chunk=chunk, devices=devices, progress=progress, mesh=mesh)
 
     spec, timings["speculative"] = count_samples("spec", spec_cfg, impl, states, temps,
                                                  jax.random.fold_in(base, 0), desc="speculative", **common)
@@ -475,6 +493,7 @@ def verify(
         "num_samples": num_samples,
         "chunk_size": chunk,
         "devices": len(devices),
+        "mesh": sharding.mesh_shape(mesh) if mesh is not None else {"data": len(devices), "model": 1},
         "platform": devices[0].platform,
         "seed": seed,
         "mutant": mutant,

@@ -10,6 +10,12 @@ of devices: the counts are a function of ``(run_key, chunk)`` only, identical on
 devices (idle devices of the last step get empty blocks). Rows past the sample count in
 the last block are masked out. Multi-host: block indices and replicated inputs are built
 with ``jax.make_array_from_callback``.
+
+On a ``(data, model)`` mesh (:mod:`jaxspec.nn.sharding`), blocks go over ``data``, which
+``shard_map`` makes manual, while ``model`` stays automatic: the models' parameters and
+KV caches are split over it as in :func:`jaxspec.generate`, and XLA partitions each
+block's forwards. The counts then depend on the model split only through the last bits
+of its sums (see :mod:`jaxspec.nn.sharding`).
 """
 
 from __future__ import annotations
@@ -55,10 +61,20 @@ def lookup_cells(y, levels, num_cells: int):
     return jnp.where(ok, node, num_cells)
 
 
+def _block_mesh(devices: tuple, mesh: Mesh | None) -> tuple[Mesh, str]:
+    """(the mesh, its axis of blocks): a 1-D ``("chains",)`` mesh of ``devices``, or the
+    ``data`` axis of a ``(data, model)`` mesh."""
+    if mesh is None:
+        return Mesh(np.asarray(devices, dtype=object), (_AXIS,)), _AXIS
+    return mesh, "data"
+
+
 @functools.lru_cache(maxsize=32)
-def _step_fn(kind: str, cfg, impl, devices: tuple, chunk: int, prompt: tuple, horizon: int, vocab: int):
-    """jit(shard_map): one block of ``chunk`` rows per device -> psum-ed integer counts."""
-    mesh = Mesh(np.asarray(devices, dtype=object), (_AXIS,))
+def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int, prompt: tuple, horizon: int,
+             vocab: int):
+    """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
+    mesh) -> psum-ed integer counts."""
+    mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
 
     def local(states, key_data, block, n_valid, temps, levels):
@@ -84,11 +100,11 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, chunk: int, prompt: tuple, ho
             out["accepted"] = jnp.sum(res.accepted_per_depth * valid[:, None], axis=0)
             out["rounds"] = jnp.sum(res.rounds * valid)
             out["tokens"] = jnp.sum(res.lengths * valid)
-        return jax.tree.map(lambda x: jax.lax.psum(x, _AXIS), out)
+        return jax.tree.map(lambda x: jax.lax.psum(x, axis), out)
 
-    f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(_AXIS), P(_AXIS), P(), P()), out_specs=P(),
-                      check_vma=False)
-    return jax.jit(f), mesh
+    f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(), P()), out_specs=P(),
+                      axis_names={axis}, check_vma=False)
+    return jax.jit(f), mesh, axis
 
 
 def _global(arr: np.ndarray, sharding) -> jax.Array:
@@ -105,7 +121,7 @@ def _replicate(tree, sharding):
 
 
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
-                  chunk: int, devices, progress: bool, desc: str) -> tuple[dict, dict]:
+                  chunk: int, devices, progress: bool, desc: str, mesh: Mesh | None = None) -> tuple[dict, dict]:
     """Run ``impl(cfg, *states, ...)`` (a program of :mod:`jaxspec.decode.generate`:
     ``speculative_program``, a mutant's through ``cfg.parts``, or ``autoregressive_program``)
     on ``num_samples`` copies of ``prompt`` and sum the counts of its
@@ -115,8 +131,11 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     :func:`lookup_cells` over ``levels``, per-position ``marginals``, ``accepted`` per
     depth, ``rounds``, ``tokens``), ``"ar"`` (target-only: ``joint``, ``marginals``) or
     ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``).
+    With ``mesh`` (a ``(data, model)`` mesh; ``devices`` is then unused), blocks run over
+    its ``data`` axis and ``states`` must already be placed on it
+    (:func:`jaxspec.nn.sharding.shard_state`), as ``cfg.mesh`` expects.
     Returns (int64 counts by name, {"compile_s", "total_s"})."""
-    n_dev = len(devices)
+    n_dev = len(devices) if mesh is None else int(mesh.shape["data"])
     if not 1 <= chunk < 2**31:
         raise ValueError(f"chunk_size = {chunk}: expected an integer in [1, 2**31) (rows are int32-indexed)")
     num_blocks = -(-num_samples // chunk)
@@ -125,10 +144,12 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
             f"num_samples = {num_samples}: {num_blocks} blocks of chunk_size {chunk}; expected at most "
             f"{2**31 - n_dev} blocks (an int32 block index): use fewer samples or a larger chunk_size"
         )
-    fn, mesh = _step_fn(kind, cfg, impl, tuple(devices), chunk, tuple(prompt), horizon, vocab)
-    rep = NamedSharding(mesh, P())
-    sharded = NamedSharding(mesh, P(_AXIS))
-    states = _replicate(states, rep)
+    fn, mesh_, axis = _step_fn(kind, cfg, impl, tuple(devices) if mesh is None else (), mesh, chunk,
+                               tuple(prompt), horizon, vocab)
+    rep = NamedSharding(mesh_, P())
+    sharded = NamedSharding(mesh_, P(axis))
+    if mesh is None:
+        states = _replicate(states, rep)
     key_data = _global(np.asarray(jax.random.key_data(key)), rep)
     temps = _global(np.asarray(temps, np.float32), rep)
     levels = _replicate(levels, rep)

@@ -1,0 +1,112 @@
+"""Run in a subprocess by tests/test_mesh.py, with 8 host devices (XLA_FLAGS set by the
+caller before JAX is imported): generate on several meshes against one device, the
+placements of parameters and caches, and the harness on a mesh. Prints one JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jaxspec
+from jaxspec.decode import generate as gen
+from jaxspec.nn import sharding
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _tiny import tiny_pair  # noqa: E402
+
+# 8 query heads, 4 KV heads: split over a model axis of 2 or 4, replicated over 8
+TARGET, DRAFT = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=8, num_kv_heads=4, num_layers=2,
+                          head_scale=4.0)
+PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2]]  # 6 ragged rows: padded on data = 8, 4
+MESHES = ((8, 1), (2, 4), (1, 8))
+TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
+
+
+def tokens(out) -> list:
+    return np.asarray(out.tokens).tolist()
+
+
+def generations() -> dict:
+    res = {}
+    for temp in (0.0, 1.0):
+        for tree in TREES:
+            kw = dict(max_new_tokens=10, tree=tree, temperature=temp, stop_tokens=(5,))
+            ref = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, **kw)
+            for shape in MESHES:
+                out = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, mesh=jaxspec.make_mesh(*shape), **kw)
+                res[f"{tree} T={temp} mesh={shape}"] = {
+                    "ref": tokens(ref), "mesh": tokens(out),
+                    "ref_lengths": np.asarray(ref.lengths).tolist(), "lengths": np.asarray(out.lengths).tolist(),
+                }
+        kw = dict(max_new_tokens=10, temperature=temp, stop_tokens=(5,))
+        ref = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw)
+        out = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
+        res[f"target-only T={temp} mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
+    ng = jaxspec.NgramDraft()
+    kw = dict(max_new_tokens=10, tree="chain:3", temperature=0.0, stop_tokens=())
+    rep = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5]]
+    ref = jaxspec.generate(jax.random.key(7), TARGET, ng, rep, **kw)
+    out = jaxspec.generate(jax.random.key(7), TARGET, ng, rep, mesh=jaxspec.make_mesh(2, 4), **kw)
+    res["ngram chain:3 T=0.0 mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
+    return res
+
+
+def placements() -> dict:
+    """Specs of the placed parameters, and the per-device cache shape in the compiled loop."""
+    out = {}
+    for shape in ((2, 4), (1, 8)):
+        mesh = jaxspec.make_mesh(*shape)
+        st = sharding.shard_state(nnx.state(TARGET), TARGET.config, mesh)
+        layer = st["layers"][0]
+        specs = {
+            "q_proj": layer["self_attn"]["q_proj"]["kernel"],
+            "k_proj": layer["self_attn"]["k_proj"]["kernel"],
+            "o_proj": layer["self_attn"]["o_proj"]["kernel"],
+            "gate_proj": layer["mlp"]["gate_proj"]["kernel"],
+            "down_proj": layer["mlp"]["down_proj"]["kernel"],
+            "embed_tokens": st["embed_tokens"]["embedding"],
+            "lm_head": st["lm_head"]["kernel"],
+            "norm": st["norm"]["weight"],
+        }
+        out[str(shape)] = {
+            "specs": {k: [a for a in v[...].sharding.spec] for k, v in specs.items()},
+            "q_proj_shard_shape": list(specs["q_proj"][...].addressable_shards[0].data.shape),
+        }
+        cfg, _, _ = gen.build_config(TARGET, DRAFT, prompt_length=4, max_new_tokens=10, tree="branch:2,2",
+                                     mesh=mesh)
+        ds = sharding.shard_state(nnx.state(DRAFT), DRAFT.config, mesh)
+        toks = sharding.put(np.ones((8, 4), np.int32), sharding.row_sharding(mesh, 2))
+        lens = sharding.put(np.full((8,), 4, np.int32), sharding.row_sharding(mesh, 1))
+        args = (st, ds, jax.random.key(0), toks, lens, jnp.float32(1.0), jnp.float32(1.0), jnp.zeros((1,), jnp.int32))
+        hlo = gen.compiled(cfg).lower(*args).compile().as_text()
+        c = TARGET.config
+        kv_local = c.num_key_value_heads // shape[1] if c.num_key_value_heads % shape[1] == 0 else c.num_key_value_heads
+        local = f"f32[{c.num_hidden_layers},{8 // shape[0]},{cfg.capacity},{kv_local},{c.head_dim}]"
+        whole = f"f32[{c.num_hidden_layers},8,{cfg.capacity},{c.num_key_value_heads},{c.head_dim}]"
+        out[str(shape)]["cache_local_in_hlo"] = hlo.count(local)
+        out[str(shape)]["cache_whole_in_hlo"] = hlo.count(whole) if local != whole else 0
+        res = gen.compiled(cfg)(*args)
+        out[str(shape)]["tokens_spec"] = [a for a in res.tokens.sharding.spec]
+    return out
+
+
+def harness() -> dict:
+    # 4 query and KV heads: split 4 ways on a (2, 4) mesh
+    t, d = tiny_pair(5, vocab_size=4, hidden_size=16, num_heads=4, num_kv_heads=4, head_scale=4.0)
+    kw = dict(tree="branch:2,2", scheme="iid", num_samples=2**15, chunk_size=2**13, progress=False)
+    one = jaxspec.verify(t, d, **kw)
+    mesh = jaxspec.verify(t, d, mesh=jaxspec.make_mesh(2, 4), **kw)
+    return {"one": {"verdict": one.verdict, "counts": one.spec_counts.tolist(), "mesh": one.config["mesh"]},
+            "mesh": {"verdict": mesh.verdict, "counts": mesh.spec_counts.tolist(), "mesh": mesh.config["mesh"],
+                     "pvalues": [x.pvalue for x in mesh.tests]}}
+
+
+if __name__ == "__main__":
+    assert jax.device_count() == 8, jax.devices()
+    parts = sys.argv[1:] or ["generations", "placements", "harness"]
+    print(json.dumps({p: globals()[p]() for p in parts}))
