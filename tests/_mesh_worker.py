@@ -25,19 +25,22 @@ TARGET, DRAFT = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=8, num_kv_
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2]]  # 6 ragged rows: padded on data = 8, 4
 MESHES = ((8, 1), (2, 4), (1, 8))
 TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
+# the default test: every tree on (2, 4), the branching tree on the other two meshes;
+# "all" (the slow test): every tree on every mesh, at temperatures 0 and 1
+DEFAULT_CASES = tuple((tree, (2, 4)) for tree in TREES) + (("branch:2,2", (8, 1)), ("branch:2,2", (1, 8)))
 
 
 def tokens(out) -> list:
     return np.asarray(out.tokens).tolist()
 
 
-def generations() -> dict:
+def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
     res = {}
-    for temp in (0.0, 1.0):
+    for temp in temperatures:
         for tree in TREES:
             kw = dict(max_new_tokens=10, tree=tree, temperature=temp, stop_tokens=(5,))
             ref = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, **kw)
-            for shape in MESHES:
+            for shape in [m for t, m in cases if t == tree]:
                 out = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, mesh=jaxspec.make_mesh(*shape), **kw)
                 res[f"{tree} T={temp} mesh={shape}"] = {
                     "ref": tokens(ref), "mesh": tokens(out),
@@ -47,6 +50,8 @@ def generations() -> dict:
         ref = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw)
         out = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
         res[f"target-only T={temp} mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
+    if cases == DEFAULT_CASES:
+        return res
     ng = jaxspec.NgramDraft()
     kw = dict(max_new_tokens=10, tree="chain:3", temperature=0.0, stop_tokens=())
     rep = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5]]
@@ -54,6 +59,39 @@ def generations() -> dict:
     out = jaxspec.generate(jax.random.key(7), TARGET, ng, rep, mesh=jaxspec.make_mesh(2, 4), **kw)
     res["ngram chain:3 T=0.0 mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
     return res
+
+
+def generations_all() -> dict:
+    return generations((0.0, 1.0), tuple((t, m) for t in TREES for m in MESHES))
+
+
+def errors() -> dict:
+    """The messages of refused meshes and models."""
+    out = {}
+
+    def catch(name, fn):
+        try:
+            fn()
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+
+    big = jaxspec.make_mesh(2, 4)
+    small, _ = tiny_pair(0, vocab_size=16, hidden_size=12, num_heads=3, num_kv_heads=3)
+    gqa, _ = tiny_pair(0, vocab_size=16, hidden_size=24, num_heads=6, num_kv_heads=3)
+    catch("heads", lambda: jaxspec.generate(jax.random.key(0), small, small, [[1]], max_new_tokens=2, mesh=big))
+    catch("kv_heads", lambda: jaxspec.generate_autoregressive(jax.random.key(0), gqa, [[1]], max_new_tokens=2,
+                                                              mesh=jaxspec.make_mesh(1, 2)))
+    catch("draft_heads", lambda: jaxspec.generate(jax.random.key(0), TARGET, small, [[1]], max_new_tokens=2,
+                                                  mesh=big))
+    catch("not_a_mesh", lambda: jaxspec.generate(jax.random.key(0), TARGET, DRAFT, [[1]], max_new_tokens=2,
+                                                 mesh="data=2"))
+    catch("axis_names", lambda: jaxspec.generate(
+        jax.random.key(0), TARGET, DRAFT, [[1]], max_new_tokens=2,
+        mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:2]), ("rows",))))
+    catch("too_many", lambda: jaxspec.make_mesh(4, 4))
+    catch("verify_devices_and_mesh", lambda: jaxspec.verify(mesh=big, devices=jax.devices(), num_samples=10))
+    return out
 
 
 def placements() -> dict:
@@ -98,7 +136,8 @@ def placements() -> dict:
 def harness() -> dict:
     # 4 query and KV heads: split 4 ways on a (2, 4) mesh
     t, d = tiny_pair(5, vocab_size=4, hidden_size=16, num_heads=4, num_kv_heads=4, head_scale=4.0)
-    kw = dict(tree="branch:2,2", scheme="iid", num_samples=2**15, chunk_size=2**13, progress=False)
+    kw = dict(tree="branch:2,2", scheme="iid", num_samples=2**15, chunk_size=2**13, progress=False,
+              check_acceptance=False)
     one = jaxspec.verify(t, d, **kw)
     mesh = jaxspec.verify(t, d, mesh=jaxspec.make_mesh(2, 4), **kw)
     return {"one": {"verdict": one.verdict, "counts": one.spec_counts.tolist(), "mesh": one.config["mesh"]},
@@ -108,5 +147,5 @@ def harness() -> dict:
 
 if __name__ == "__main__":
     assert jax.device_count() == 8, jax.devices()
-    parts = sys.argv[1:] or ["generations", "placements", "harness"]
+    parts = sys.argv[1:] or ["generations", "placements", "harness", "errors"]
     print(json.dumps({p: globals()[p]() for p in parts}))
