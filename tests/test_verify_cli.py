@@ -6,6 +6,8 @@ tests/test_exactness.py (same compiled functions, so the compile cache is shared
 
 import json
 
+import jax
+
 import pytest
 
 import jaxspec.exactness.harness
@@ -256,3 +258,23 @@ def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
     assert cli.main(["verify", "--no-progress", *argv]) == 2
     assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
     assert seen["scheme"] == scheme
+
+
+def test_default_chunk_keeps_blocks_to_seconds():
+    """verify's default block size: the tiny pair keeps 2^14 rows a block on CPU; a large
+    vocabulary or model gets fewer rows (a block there costs 1-6 ms a sample on a 2-core
+    CPU, so 2^14 rows took minutes between progress updates), never below 2^8."""
+    from jaxspec.exactness.harness import CHUNK_MAX, CHUNK_MIN, default_chunk, default_pair, sample_cost
+
+    cpu = jax.devices("cpu")
+    tiny = default_pair(0)
+    assert default_chunk(cpu, *tiny, 6, 3) == CHUNK_MAX["cpu"] == 1 << 14
+    assert default_chunk(cpu, *tiny, 6, 8) == 1 << 14  # within the slack
+    big_v = default_pair(0, vocab_size=1000)
+    assert default_chunk(cpu, *big_v, 6, 3) == 256
+    chunks = [default_chunk(cpu, *default_pair(0, vocab_size=v), 6, 3) for v in (4, 16, 64, 264, 1000)]
+    assert chunks == sorted(chunks, reverse=True) and all(CHUNK_MIN["cpu"] <= c <= CHUNK_MAX["cpu"] for c in chunks)
+    assert all(c & (c - 1) == 0 for c in chunks)  # powers of two
+    # the cost is a ratio: more tree rows or horizon cost proportionally more
+    t, d = (m.config for m in tiny)
+    assert sample_cost(t, d, 13, 3) == pytest.approx(2 * sample_cost(t, d, 6, 3))

@@ -158,8 +158,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
     g.add_argument("--alpha", type=_probability, default=1e-3, help="family-wise error rate (default: 1e-3)")
     g.add_argument("--seed", type=seed_int, default=0, help="sampling seed, in [0, 2**32) (default: 0)")
-    g.add_argument("--chunk-size", type=positive_int, help="rows per device per step (default: 16384 on CPU, "
-                                                            "65536 on accelerators)")
+    g.add_argument("--chunk-size", type=positive_int,
+                   help="rows per device per step (default: 16384 on CPU, 65536 on accelerators, cut down to "
+                        "256 / 4096 for large models or vocabularies so that a step takes seconds)")
     g.add_argument("--no-acceptance", action="store_true", help="skip the acceptance-per-depth run")
     g.add_argument("--mesh", type=mesh_flag, default=None, metavar="data=N,model=M",
                    help="blocks of samples over 'data', each block's model forwards split over 'model' "

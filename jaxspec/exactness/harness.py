@@ -111,6 +111,8 @@ __all__ = [
     "VerifyReport",
     "verify",
     "default_pair",
+    "default_chunk",
+    "sample_cost",
     "exact_law",
     "expected_acceptance",
     # also re-exported from the modules verify is built from
@@ -128,6 +130,12 @@ DEFAULT_PROMPT = (1, 2, 3)
 # --------------------------------------------------------------------------- default pair
 
 
+def _pair_config(vocab_size: int = 4, hidden_size: int = 16) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, rope_theta=10.0,
+                       max_position_embeddings=64)
+
+
 def default_pair(seed: int = 0, *, vocab_size: int = 4, hidden_size: int = 16, head_scale: float = 4.0,
                  mix: float = 0.5) -> tuple[Transformer, Transformer]:
     """Tiny random ``(target, draft)`` with a small vocabulary (exact laws enumerable).
@@ -137,9 +145,7 @@ def default_pair(seed: int = 0, *, vocab_size: int = 4, hidden_size: int = 16, h
     ``(1 - mix) * target + mix * other`` for an independent ``other``, so acceptance is
     neither ~0 nor ~1.
     """
-    cfg = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, rope_theta=10.0,
-                      max_position_embeddings=64)
+    cfg = _pair_config(vocab_size, hidden_size)
 
     def make(key):
         m = init_model(cfg, key)
@@ -272,8 +278,40 @@ def _tv_samples(n: int, mdt: float, bound: float) -> int:
     return max(1, math.floor(n * (mdt / bound) ** 2) + 1)
 
 
-def _default_chunk(devices) -> int:
-    return 1 << 14 if devices[0].platform == "cpu" else 1 << 16
+#: the default block size (rows per device per step): the most on CPU / on an accelerator,
+#: and the least a costly configuration is cut down to
+CHUNK_MAX = {"cpu": 1 << 14, "accelerator": 1 << 16}
+CHUNK_MIN = {"cpu": 1 << 8, "accelerator": 1 << 12}
+#: a block may cost this many times the default tiny pair's block before it is cut
+#: (about 2 s on a 2-core CPU)
+CHUNK_SLACK = 3.0
+
+
+def sample_cost(target: ModelConfig, draft: ModelConfig, num_nodes: int, horizon: int) -> float:
+    """Relative cost of one speculative sample: ``horizon`` rounds of ``num_nodes + 1``
+    tree rows, each paying a fixed overhead, both models' parameters, and the
+    vocabulary-wide sampling steps (warps, draws, residuals, ~``V**1.2``). The constants
+    were fitted on this project's 2-core CPU (V = 4 to 1000, 5 k to 5.3 M parameters: within
+    a few per cent of the measured samples/s); only ratios of this cost are used."""
+    v = target.vocab_size
+    per_row = 79e3 + target.num_params() + draft.num_params() + 3594.0 * v**1.2
+    return float((num_nodes + 1) * horizon * per_row)
+
+
+def default_chunk(devices, target: Transformer, draft: Transformer, num_nodes: int, horizon: int) -> int:
+    """The block size ``verify`` uses when ``chunk_size`` is None: :data:`CHUNK_MAX`, halved
+    while a block would cost more than :data:`CHUNK_SLACK` times the default tiny pair's
+    (about 0.7 s a block on a 2-core CPU) by :func:`sample_cost`, down to :data:`CHUNK_MIN`,
+    so that a block of a large vocabulary or model still takes seconds, not minutes, and the
+    progress bar moves. A function of the configuration only, so a
+    run's counts stay a function of its arguments (``config["chunk_size"]`` records it)."""
+    kind = "cpu" if devices[0].platform == "cpu" else "accelerator"
+    ref = _pair_config()  # the default pair, its default tree (6 nodes) and horizon (3)
+    ratio = sample_cost(target.config, draft.config, num_nodes, horizon) / sample_cost(ref, ref, 6, 3)
+    chunk = CHUNK_MAX[kind]
+    while chunk > CHUNK_MIN[kind] and chunk * ratio > CHUNK_SLACK * CHUNK_MAX[kind]:
+        chunk //= 2
+    return chunk
 
 
 def verify(
@@ -314,8 +352,9 @@ def verify(
       prompt: token ids (default :data:`DEFAULT_PROMPT`).
       horizon: ``L``, the number of emitted tokens whose joint law is tested.
       num_samples: ``S`` samples for each run (speculative, target-only, first round).
-      chunk_size: rows per block, i.e. per device per step (default 2^14 on CPU, 2^16
-        on accelerators; at most ``S``); memory grows with it, never with ``S``. The counts
+      chunk_size: rows per block, i.e. per device per step (default :func:`default_chunk`:
+        2^14 on CPU, 2^16 on accelerators, less for costly models or vocabularies, down to
+        2^8 / 2^12; at most ``S``); memory grows with it, never with ``S``. The counts
         depend on ``seed`` and ``chunk_size``, not on the number of devices.
       seed: sampling seed (the default models are fixed).
       mutant: a name in :data:`jaxspec.exactness.mutants.MUTANTS`: run a deliberately broken decoder.
@@ -371,7 +410,8 @@ def verify(
     devices = tuple(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices: expected at least one device")
-    chunk = _default_chunk(devices) if chunk_size is None else _check_count("chunk_size", chunk_size)
+    chunk = (default_chunk(devices, target, draft, setup.spec_cfg.num_nodes, horizon) if chunk_size is None
+             else _check_count("chunk_size", chunk_size))
     chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
 
     spec_cfg, first_cfg, impl = setup.spec_cfg, setup.first_cfg, gen.speculative_program
