@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_hf.py"
+LOOKUP_MODES = {"hf_prompt_lookup", "hf_target_only", "jaxspec_ngram", "jaxspec_target_only"}
 MODES = {"hf_assisted", "hf_prompt_lookup", "hf_target_only", "jaxspec_speculative", "jaxspec_target_only"}
 
 
@@ -34,3 +35,10 @@ def test_peer_hf_tiny_run_writes_its_report(tmp_path):
     greedy = rep["rows"][0]["greedy_tokens_agree"]
     assert greedy["jaxspec_speculative"]  # lossless: greedy speculative = greedy target-only
     assert "jaxspec spec / HF assisted" in r.stdout
+    # prompt lookup in both libraries: one grounded and one code prompt at each temperature
+    lk = rep["lookup_rows"]
+    assert [(x["workload"], x["temperature"]) for x in lk] == [("grounded", 0.0), ("grounded", 1.0), ("code", 0.0),
+                                                               ("code", 1.0)]
+    assert all(set(x["tokens_per_s"]) == LOOKUP_MODES for x in lk)
+    assert lk[0]["greedy_tokens_agree"]["jaxspec_ngram"]
+    assert "jaxspec NgramDraft chain:4" in r.stdout
