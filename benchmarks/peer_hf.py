@@ -47,6 +47,14 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A markdown table on stdout."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def _import_hf():
     try:
         import torch
@@ -211,23 +219,18 @@ def main(argv=None) -> int:
 
     out = pathlib.Path(args.out) / ("" if size == "full" else size)
     files = write_report(report, out, "peer_hf", plot)
-    print("| prompt | T | HF assisted | HF prompt lookup | HF target-only | jaxspec speculative | jaxspec target-only "
-          "| jaxspec spec / HF assisted |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        t = r["tokens_per_s"]
-        print(f"| {r['prompt']!r} | {r['temperature']:g} | {t['hf_assisted']:.0f} | {t['hf_prompt_lookup']:.0f} | "
-              f"{t['hf_target_only']:.0f} | {t['jaxspec_speculative']:.0f} | {t['jaxspec_target_only']:.0f} | "
-              f"{r['speculative_over_hf_assisted']:.2f}x |")
+    _print_table(["prompt", "T", "HF assisted", "HF prompt lookup", "HF target-only", "jaxspec speculative",
+                  "jaxspec target-only", "jaxspec spec / HF assisted"],
+                 [[repr(r["prompt"]), f"{r['temperature']:g}",
+                   *(f"{r['tokens_per_s'][k]:.0f}" for k in modes), f"{r['speculative_over_hf_assisted']:.2f}x"]
+                  for r in rows])
     print()
-    print("| workload | prompt | T | HF prompt lookup tok/s (speedup) | jaxspec NgramDraft chain:4 (speedup) | "
-          "jaxspec / HF |")
-    print("|---|---|---|---|---|---|")
-    for r in lookup_rows:
-        t = r["tokens_per_s"]
-        print(f"| {r['workload']} | {r['prompt'][:24]!r} | {r['temperature']:g} | {t['hf_prompt_lookup']:.0f} "
-              f"({r['hf_prompt_lookup_speedup']:.2f}x) | {t['jaxspec_ngram']:.0f} ({r['jaxspec_ngram_speedup']:.2f}x) | "
-              f"{r['ngram_over_hf_prompt_lookup']:.2f}x |")
+    _print_table(["workload", "prompt", "T", "HF prompt lookup tok/s (speedup)",
+                  "jaxspec NgramDraft chain:4 (speedup)", "jaxspec / HF"],
+                 [[r["workload"], repr(r["prompt"][:24]), f"{r['temperature']:g}",
+                   f"{r['tokens_per_s']['hf_prompt_lookup']:.0f} ({r['hf_prompt_lookup_speedup']:.2f}x)",
+                   f"{r['tokens_per_s']['jaxspec_ngram']:.0f} ({r['jaxspec_ngram_speedup']:.2f}x)",
+                   f"{r['ngram_over_hf_prompt_lookup']:.2f}x"] for r in lookup_rows])
     print(f"wrote {files['json']} and {files['png']}")
     return 0
 
