@@ -31,6 +31,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxspec.nn.sharding import put
+
 __all__ = ["count_samples", "lookup_cells"]
 
 _AXIS = "chains"
@@ -107,19 +109,6 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
     return jax.jit(f), mesh, axis
 
 
-def _global(arr: np.ndarray, sharding) -> jax.Array:
-    """A global array from identical host values on every process (multi-host safe)."""
-    if jax.process_count() == 1:
-        return jax.device_put(arr, sharding)
-    return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
-
-
-def _replicate(tree, sharding):
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
-    return jax.tree.map(lambda a: _global(np.asarray(a), sharding), tree)
-
-
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
                   chunk: int, devices, progress: bool, desc: str, mesh: Mesh | None = None) -> tuple[dict, dict]:
     """Run ``impl(cfg, *states, ...)`` (a program of :mod:`jaxspec.decode.generate`:
@@ -149,10 +138,10 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     rep = NamedSharding(mesh_, P())
     sharded = NamedSharding(mesh_, P(axis))
     if mesh is None:
-        states = _replicate(states, rep)
-    key_data = _global(np.asarray(jax.random.key_data(key)), rep)
-    temps = _global(np.asarray(temps, np.float32), rep)
-    levels = _replicate(levels, rep)
+        states = jax.tree.map(lambda a: put(a, rep), states)
+    key_data = put(np.asarray(jax.random.key_data(key)), rep)
+    temps = put(np.asarray(temps, np.float32), rep)
+    levels = jax.tree.map(lambda a: put(a, rep), levels)
     num_steps = -(-num_blocks // n_dev)
     totals: dict | None = None
     pending = None
@@ -170,7 +159,7 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
         blocks = np.arange(s * n_dev, (s + 1) * n_dev, dtype=np.int32)
         n_valid = np.clip(num_samples - blocks.astype(np.int64) * chunk, 0, chunk).astype(np.int32)
         t0 = time.perf_counter()
-        out = fn(states, key_data, _global(blocks, sharded), _global(n_valid, sharded), temps, levels)
+        out = fn(states, key_data, put(blocks, sharded), put(n_valid, sharded), temps, levels)
         if s == 0:  # tracing and compilation happen in the first (blocking) dispatch
             timing["compile_s"] = time.perf_counter() - t0
             t_run = time.perf_counter()

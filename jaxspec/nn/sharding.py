@@ -253,8 +253,6 @@ def shard_state(state, config: ModelConfig, mesh: Mesh):
     passes the same full values; each keeps its own devices' pieces)."""
     specs = param_specs(state, config, mesh)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
-    if jax.process_count() == 1:
-        return jax.device_put(state, shardings)
     return jax.tree.map(put, state, shardings)
 
 
