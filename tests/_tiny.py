@@ -87,3 +87,11 @@ def exact_joint(model, prompt, length: int, **warp) -> np.ndarray:
     for i in range(length):
         joint *= probs[c, i, digits[:, i]]
     return joint
+
+
+def tiny_head(target, seed: int = 0):
+    """A random :class:`~jaxspec.nn.head.FeatureHead` for ``target`` (its width, one layer):
+    its draft law reads the target's features and LM head, so it is context dependent too."""
+    from jaxspec.nn.head import head_config, init_head
+
+    return init_head(head_config(target.config), jax.random.key(seed + 2000))

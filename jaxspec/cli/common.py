@@ -167,13 +167,25 @@ def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
     return p
 
 
-def load_flag_model(flag: str, name: str):
-    """``load_model(name)`` for a command's flag; its errors name the flag that gave
-    ``name`` (``--draft: load_model: unknown model 'foo'; ...``)."""
-    from jaxspec.nn.checkpoint import load_model
+def load_flag_model(flag: str, name: str, *, draft: bool = False):
+    """``load_model(name)`` for a command's flag (``draft=True``: ``load_draft``, which
+    also loads a feature head); its errors name the flag that gave ``name`` (``--draft:
+    load_model: unknown model 'foo'; ...``)."""
+    from jaxspec.nn.checkpoint import load_draft, load_model
 
     try:
-        return load_model(name)
+        return (load_draft if draft else load_model)(name)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"{flag}: {e}") from None
+
+
+def is_head_flag(flag: str, name: str) -> bool:
+    """Whether the model ``name`` that ``flag`` gave is a feature draft head."""
+    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.head import is_head_folder
+
+    try:
+        return is_head_folder(resolve_model_path(name))
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(f"{flag}: {e}") from None
 

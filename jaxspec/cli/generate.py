@@ -52,6 +52,7 @@ from jaxspec.cli.common import (
     check_tokenizer_fits,
     command,
     flag_mesh,
+    is_head_flag,
     load_flag_model,
     mesh_flag,
     positive_int,
@@ -286,7 +287,15 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         tok = resolve_tokenizer("--target", args.target)
         if not args.baseline and lookup is None:
             args.draft = _draft_name(args)
-            _check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
+            if is_head_flag("--draft", args.draft):  # a head reads the target's embedding: its tokenizer
+                if auto:
+                    raise CLIError(f"--tree auto: times a draft model's trees; with the feature head --draft "
+                                   f"{args.draft} pass a static tree such as --tree chain:4")
+                if isinstance(tree, DynamicTree):
+                    raise CLIError(f"--tree {args.tree}: a feature head drafts static trees; with --draft "
+                                   f"{args.draft} pass one such as --tree chain:4")
+            else:
+                _check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
         ids = tok.encode(args.prompt)
         if not ids:
             raise CLIError("--prompt: expected a non-empty prompt")
@@ -294,7 +303,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         if args.baseline:
             draft = None
         else:
-            draft = lookup if lookup is not None else load_flag_model("--draft", args.draft)
+            draft = lookup if lookup is not None else load_flag_model("--draft", args.draft, draft=True)
         if draft is not None and lookup is None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "

@@ -198,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
-        target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft)
+        target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft, draft=True)
     else:
         from jaxspec.exactness.harness import default_pair
 

@@ -50,7 +50,7 @@ from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 
-__all__ = ["propose_static", "propose_dynamic"]
+__all__ = ["propose_static", "propose_dynamic", "draw_children"]
 
 
 def _with_lengths(cache: KVCache, lengths) -> KVCache:
@@ -101,17 +101,26 @@ def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, sc
             logits, cache = model(toks, pos_all[:, a:z], _with_lengths(cache, lengths + a), mask_all[:, a:z])
         probs = warp(logits, temperature)  # [B, z - a, V]
         draft_probs = draft_probs.at[:, a:z].set(probs)
-        for rows, children in tree.level_groups[lvl]:
-            c = children.shape[1]
-            row_probs = probs[:, rows - a]  # [B, R, V]
-            row_keys = jax.vmap(lambda k: jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.asarray(rows)))(keys)
-
-            def draw_one(k, p, c=c):
-                return sampling.draw(k, p, c, scheme)[0]
-
-            tok = jax.vmap(jax.vmap(draw_one))(row_keys, row_probs)  # [B, R, c]
-            node_tokens = node_tokens.at[:, children.reshape(-1)].set(tok.reshape(b, -1))
+        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens)
     return node_tokens, draft_probs, _with_lengths(cache, lengths)
+
+
+def draw_children(tree: StaticTree, lvl: int, first_row: int, probs, keys, scheme: str, node_tokens):
+    """Draw the children of level ``lvl``'s rows (``[root] + nodes`` rows ``first_row ..``,
+    whose warped draft laws are ``probs float32[B, R, V]``) under the sibling scheme, row r
+    with key ``fold_in(keys[b], r)``; returns ``node_tokens int32[B, N]`` with them set."""
+    b = probs.shape[0]
+    for rows, children in tree.level_groups[lvl]:
+        c = children.shape[1]
+        row_probs = probs[:, rows - first_row]  # [B, R, V]
+        row_keys = jax.vmap(lambda k: jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.asarray(rows)))(keys)
+
+        def draw_one(k, p, c=c):
+            return sampling.draw(k, p, c, scheme)[0]
+
+        tok = jax.vmap(jax.vmap(draw_one))(row_keys, row_probs)  # [B, R, c]
+        node_tokens = node_tokens.at[:, children.reshape(-1)].set(tok.reshape(b, -1))
+    return node_tokens
 
 
 def propose_dynamic(model, cache: KVCache, root, tree: DynamicTree, warp: Warp, temperature):

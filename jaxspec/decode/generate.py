@@ -55,8 +55,10 @@ from jaxspec.decode.round import (
     speculative_round,
     start_emitted,
 )
+from jaxspec.decode.head_draft import start_head
 from jaxspec.decode.ngram import NgramDraft, NgramState
 from jaxspec.nn import sharding
+from jaxspec.nn.head import FeatureHead, check_head_for
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
 __all__ = [
@@ -212,12 +214,13 @@ def _fold_all(keys, r):
     return jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
 
 
-def _start(model, tokens, lens, cfg):
-    """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root."""
+def _start(model, tokens, lens, cfg, features: bool = False):
+    """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root.
+    Returns ``(cache, root, logits or features of the prompt)``."""
     committed = lens - 1
-    _, cache = prefill(model, tokens, committed, cfg.capacity)
+    out, cache = prefill(model, tokens, committed, cfg.capacity, features=features)
     root = jnp.take_along_axis(tokens, committed[:, None], axis=1)[:, 0]
-    return _place_cache(cache, model, cfg), root
+    return _place_cache(cache, model, cfg), root, out
 
 
 def _rows(tree, cfg):
@@ -251,9 +254,15 @@ def speculative_program(
     m = cfg.max_new_tokens
     stat_d = cfg.stat_depth
     round_cfg = cfg.round_config
-    tcache, root = _start(target, tokens, lens, cfg)
+    head = isinstance(draft, FeatureHead)
+    tcache, root, tfeats = _start(target, tokens, lens, cfg, features=head)
     prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
-    dcache = NgramState(tokens, lens) if ngram else _start(draft, tokens, lens, cfg)[0]
+    if ngram:
+        dcache = NgramState(tokens, lens)
+    elif head:  # the head reads the prompt's target features: no draft prefill of its own
+        dcache = start_head(draft, target, tfeats, tokens, lens - 1, cfg.capacity, cfg.tree.depth + 1)
+    else:
+        dcache = _start(draft, tokens, lens, cfg)[0]
     row_keys = _row_keys(key, b)
 
     def body(lp: _SpecLoop) -> _SpecLoop:
@@ -304,7 +313,7 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
     model = nnx.merge(cfg.target_def, target_state)
     b = tokens.shape[0]
     m = cfg.max_new_tokens
-    cache, root = _start(model, tokens, lens, cfg)
+    cache, root, _ = _start(model, tokens, lens, cfg)
     row_keys = _row_keys(key, b)
 
     def body(carry):
@@ -388,11 +397,12 @@ def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
 
 
 def _check_draft(draft):
-    if isinstance(draft, NgramDraft):
+    if isinstance(draft, (NgramDraft, FeatureHead)):
         return draft
     if not isinstance(draft, Transformer):
         raise ValueError(
-            f"draft: expected a jaxspec.Transformer or a jaxspec.NgramDraft, got {type(draft).__name__}"
+            "draft: expected a jaxspec.Transformer, a jaxspec.FeatureHead or a jaxspec.NgramDraft, "
+            f"got {type(draft).__name__}"
         )
     return draft
 
@@ -522,7 +532,7 @@ def _check_positions(name: str, model, needed: int, what: str) -> None:
 def generate(
     key,
     target: Transformer,
-    draft: Transformer | NgramDraft,
+    draft: Transformer | FeatureHead | NgramDraft,
     prompts,
     *,
     max_new_tokens: int,
@@ -546,7 +556,9 @@ def generate(
     Args:
       key: ``jax.random.key``; row b uses ``fold_in(key, b)``.
       target: the :class:`~jaxspec.nn.model.Transformer` whose law is sampled.
-      draft: a :class:`~jaxspec.nn.model.Transformer` with the target's vocabulary, or an
+      draft: a :class:`~jaxspec.nn.model.Transformer` with the target's vocabulary, a
+        :class:`~jaxspec.nn.head.FeatureHead` trained on the target (drafts from the
+        target's own features; static trees, one device), or an
         :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup: drafts copied from the
         row's own prompt and output; static trees, scheme ``"deterministic"``).
       prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
@@ -691,7 +703,7 @@ def generate_autoregressive(
 
 def build_config(
     target: Transformer,
-    draft: Transformer | NgramDraft,
+    draft: Transformer | FeatureHead | NgramDraft,
     *,
     prompt_length: int,
     max_new_tokens: int,
@@ -751,6 +763,15 @@ def build_config(
                             ("draft_top_p", draft_top_p)):
             if value is not None:
                 raise ValueError(f"{name} = {value!r}: an n-gram draft has no proposal law; expected None")
+    if isinstance(draft, FeatureHead):
+        check_head_for("draft", draft, target)
+        if isinstance(spec, DynamicTree):
+            raise ValueError(
+                f"tree = {spec}: a feature head drafts static trees (a chain such as 'chain:4', or "
+                "'branch:3,1,1'); a DynamicTree takes a draft model"
+            )
+        if mesh is not None:
+            raise ValueError("mesh: a feature-head draft runs on one device; pass mesh=None or a draft model")
     if isinstance(spec, DynamicTree):
         if scheme != "deterministic":
             raise ValueError(

@@ -28,7 +28,11 @@ one to break the decoder on purpose::
 With an :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup) ``propose`` copies the
 nodes from the rows' histories (no draft model, no draft cache), and when no active row has a
 match the round runs one target step instead of ``verify`` and ``accept`` (a ``lax.cond``
-whose choice reads only past tokens).
+whose choice reads only past tokens). With a :class:`~jaxspec.nn.head.FeatureHead`
+``propose`` drafts from the target's features (:mod:`jaxspec.decode.head_draft`), the
+verification forward returns the nodes' features as well, and ``commit`` keeps those of the
+accepted path as the head's next inputs (the head keeps its own cache; ``parts.commit``
+applies to the target's).
 
 Each step runs under a :func:`jax.named_scope` (``propose``, ``verify``, ``accept``,
 ``commit``, ``emit``), so a profile reads like this docstring.
@@ -48,7 +52,9 @@ from jaxspec.core.acceptance import AcceptResult, accept_core
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.decode.head_draft import HeadState, commit_head, propose_head
 from jaxspec.decode.ngram import NgramDraft, NgramState, propose_ngram
+from jaxspec.nn.head import FeatureHead
 from jaxspec.nn.cache import KVCache, commit
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 
@@ -170,7 +176,7 @@ class RoundState(NamedTuple):
     prev: jax.Array  # int32[B] the last committed token (cache slot L - 1)
     root: jax.Array  # int32[B] the last emitted token (not yet cached)
     tcache: KVCache  # target cache, lengths = L
-    dcache: KVCache | NgramState  # draft cache, lengths = L (an n-gram draft: its prompts)
+    dcache: KVCache | NgramState | HeadState  # draft cache, lengths = L (n-gram: its prompts; head: its state)
     emitted: Emitted
 
 
@@ -202,10 +208,15 @@ def speculative_round(
     lengths = state.tcache.lengths  # [B] (== state.dcache.lengths)
     dynamic = isinstance(tree, DynamicTree)
     ngram = isinstance(draft, NgramDraft)
+    head = isinstance(draft, FeatureHead)
 
     with jax.named_scope("propose"):
         has_match = None
-        if ngram:
+        if head:
+            node_tokens, draft_probs, dcache = propose_head(
+                draft, target, state.dcache, k_draft, tree, cfg.scheme, cfg.draft_warp, draft_temperature
+            )
+        elif ngram:
             node_tokens, has_match = propose_ngram(draft, state.dcache, state.emitted.out, state.emitted.n_out, tree)
             dcache = state.dcache
         elif dynamic:
@@ -229,8 +240,8 @@ def speculative_round(
         with jax.named_scope("verify"):
             mask = tree_cache_mask(lengths, parts.verify_mask(full_mask), tcache.capacity)  # [B, N + 1, S]
             seq = jnp.concatenate([state.root[:, None], node_tokens], axis=1)  # [B, N + 1]
-            logits, tcache = target(seq, lengths[:, None] + depth_full, tcache, mask)
-            target_probs = cfg.target_warp(logits, temperature)  # [B, N + 1, V]
+            feats, tcache = target.features(seq, lengths[:, None] + depth_full, tcache, mask)  # [B, N + 1, D]
+            target_probs = cfg.target_warp(target.unembed(feats), temperature)  # [B, N + 1, V]
 
         with jax.named_scope("accept"):
             def accept_row(k, par, toks, tp, dp):
@@ -239,7 +250,7 @@ def speculative_round(
             res = jax.vmap(accept_row, in_axes=(0, 0 if dynamic else None, 0, 0, 0))(
                 k_acc, parents, node_tokens, target_probs, draft_probs
             )
-        return res, tcache
+        return res, tcache, feats
 
     def target_step(tcache):
         """No row has a draft worth verifying: one target step, the tree skipped."""
@@ -255,16 +266,18 @@ def speculative_round(
         return res, tcache
 
     if has_match is None:
-        res, tcache = verify_tree(state.tcache)
+        res, tcache, feats = verify_tree(state.tcache)
     else:  # the choice reads only the history, never this round's randomness: still exact
-        res, tcache = jax.lax.cond(jnp.any(has_match & state.emitted.active), verify_tree, target_step,
-                                   state.tcache)
+        res, tcache = jax.lax.cond(jnp.any(has_match & state.emitted.active), lambda c: verify_tree(c)[:2],
+                                   target_step, state.tcache)
 
     was_active = state.emitted.active
     with jax.named_scope("commit"):
         num = jnp.where(was_active, res.num_tokens, 0)
         tcache = parts.commit(tcache, res.accepted_nodes, num)
-        if not ngram:  # an n-gram draft reads the emitted tokens, it keeps no cache
+        if head:  # the target's features of the kept path become the head's next pairs
+            dcache = commit_head(dcache, feats, res.tokens, res.accepted_nodes, num, was_active)
+        elif not ngram:  # an n-gram draft reads the emitted tokens, it keeps no cache
             dcache = parts.commit(dcache, res.accepted_nodes, num)
 
     with jax.named_scope("emit"):

@@ -58,12 +58,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
 
 __all__ = [
     "ARCHITECTURES",
     "MODELS_DIR",
     "embedded_models",
+    "load_draft",
     "resolve_model_path",
     "read_config",
     "config_to_hf",
@@ -412,6 +414,11 @@ def load_model(
     Architectures: :data:`ARCHITECTURES`. Errors name the file or tensor at fault.
     """
     folder = resolve_model_path(name_or_path)
+    if is_head_folder(folder):
+        raise ValueError(
+            f"load_model: {os.fspath(name_or_path)!r} is a feature draft head (its {CONFIG_FILE} has "
+            f"{HEAD_KEY!r}), not a model; load it with load_head or load_draft"
+        )
     if not folder.is_dir():
         raise FileNotFoundError(f"load_model: model folder {folder} does not exist")
     config = config_from_hf(
@@ -489,3 +496,15 @@ def load_model(
         node[path[-1]] = value
     nnx.replace_by_pure_dict(state, pure)
     return nnx.merge(graphdef, state)
+
+
+def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,
+               max_context: int | None = None) -> Transformer | FeatureHead:
+    """A draft for :func:`jaxspec.generate` from an embedded name or a folder: a feature
+    head (a folder written by ``jaxspec train-head``, :func:`~jaxspec.nn.head.save_head`)
+    loads with :func:`~jaxspec.nn.head.load_head`, any other model with :func:`load_model`
+    (``dtype`` and ``max_context`` apply to models only)."""
+    folder = resolve_model_path(name_or_path)
+    if is_head_folder(folder):
+        return load_head(folder)
+    return load_model(name_or_path, dtype=dtype, max_context=max_context)

@@ -71,9 +71,11 @@ __all__ = [
     "Transformer",
     "init_model",
     "forward_logits",
+    "forward_features",
     "prefill",
     "decode_step",
     "apply_rope",
+    "write_and_attend",
 ]
 
 _F32 = jnp.float32
@@ -202,15 +204,19 @@ class Transformer(nnx.Module):
         table = self.embed_tokens.embedding[...]  # [V, D]
         return jnp.take(table, tokens, axis=0, mode="clip").astype(_F32)
 
-    def logits(self, x: jax.Array) -> jax.Array:
-        """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
-        pd = self.config.param_dtype
-        h = self.norm(x).astype(pd)
+    def unembed(self, h: jax.Array) -> jax.Array:
+        """Features ``[B, T, D]`` (after the final norm, see :meth:`features`) -> float32
+        logits ``[B, T, V]`` through the LM head (the embedding when tied). A feature-level
+        draft head (:class:`jaxspec.nn.head.FeatureHead`) reads its logits here too."""
         if self.lm_head is None:
             w = self.embed_tokens.embedding[...].T  # [D, V]
         else:
             w = self.lm_head.kernel[...]  # [D, V]
-        return jnp.einsum("btd,dv->btv", h, w, preferred_element_type=_F32)
+        return jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
+        return self.unembed(self.norm(x))
 
     def __call__(
         self,
@@ -221,21 +227,42 @@ class Transformer(nnx.Module):
     ) -> tuple[jax.Array, KVCache]:  # float32[B, T, V], cache with K/V written
         """Write the T new K/V at slots ``cache.lengths[b] + t`` (writes past S are
         dropped), attend over all S slots under ``attention_mask``; lengths unchanged."""
+        h, cache = self.features(tokens, positions, cache, attention_mask)
+        return self.unembed(h), cache
+
+    def features(
+        self,
+        tokens: jax.Array,  # int32[B, T]
+        positions: jax.Array,  # int32[B, T]
+        cache: KVCache,
+        attention_mask: jax.Array,  # bool[B, T, S]
+    ) -> tuple[jax.Array, KVCache]:  # float32[B, T, D], cache with K/V written
+        """The forward of :meth:`__call__` up to the LM head: the last layer's residual after
+        the final norm (float32 ``[B, T, D]``), the features a feature-level draft head reads.
+        ``unembed(features(...)[0])`` is ``__call__``'s logits, bit for bit."""
         tokens = jnp.asarray(tokens)
         positions = jnp.asarray(positions)
         attention_mask = jnp.asarray(attention_mask)
         _check_forward_shapes(self.config, tokens, positions, cache, attention_mask)
-        b, t = tokens.shape
-        x = self.embed(tokens)  # [B, T, D]
-        rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
-        slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-        k_all, v_all = cache.k, cache.v  # [L, B, S, Hkv, hd]
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.project(x, positions)
-            k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
-            v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-            x = layer.finish(x, q, k_all[i], v_all[i], attention_mask)
-        return self.logits(x), cache.replace(k=k_all, v=v_all)
+        x, cache = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask)
+        return self.norm(x), cache
+
+
+def write_and_attend(layers, x, positions, cache: KVCache, attention_mask) -> tuple[jax.Array, KVCache]:
+    """The decoder stack with the cache plumbing: residual ``x [B, T, D]`` through
+    ``layers`` (``cache`` has one K/V plane per layer), each writing its new K/V at slots
+    ``cache.lengths[b] + t`` (writes past S are dropped) and attending over all S slots under
+    ``attention_mask bool[B, T, S]``. Returns the last residual and the written cache."""
+    b, t = x.shape[:2]
+    rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
+    slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+    k_all, v_all = cache.k, cache.v  # [L, B, S, Hkv, hd]
+    for i, layer in enumerate(layers):
+        q, k, v = layer.project(x, positions)
+        k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+        x = layer.finish(x, q, k_all[i], v_all[i], attention_mask)
+    return x, cache.replace(k=k_all, v=v_all)
 
 
 def _check_forward_shapes(config, tokens, positions, cache, mask) -> None:
@@ -283,6 +310,13 @@ def forward_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
     ``Transformer.__call__`` but none of the cache plumbing.
     """
     tokens = _check_token_ids("forward_logits", "tokens", tokens, 2, "[B, T]")
+    return model.unembed(forward_features(model, tokens))
+
+
+def forward_features(model: Transformer, tokens: jax.Array) -> jax.Array:
+    """:func:`forward_logits` up to the LM head: ``int32[B, T]`` -> float32 features
+    ``[B, T, D]`` (after the final norm; ``model.unembed`` of them is ``forward_logits``)."""
+    tokens = _check_token_ids("forward_features", "tokens", tokens, 2, "[B, T]")
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))  # [B, T, T]
@@ -290,15 +324,17 @@ def forward_logits(model: Transformer, tokens: jax.Array) -> jax.Array:
     for layer in model.layers:
         q, k, v = layer.project(x, positions)
         x = layer.finish(x, q, k, v, mask)
-    return model.logits(x)
+    return model.norm(x)
 
 
 def prefill(
-    model: Transformer, tokens: jax.Array, lengths: jax.Array, capacity: int, cache_dtype=None
+    model: Transformer, tokens: jax.Array, lengths: jax.Array, capacity: int, cache_dtype=None,
+    *, features: bool = False,
 ) -> tuple[jax.Array, KVCache]:
     """Prompts right-padded to T (``int32[B, T]``), ``lengths int32[B]`` real tokens per row.
 
-    Returns logits ``float32[B, T, V]`` (row b's next-token law is ``logits[b, lengths[b]-1]``)
+    Returns logits ``float32[B, T, V]`` (row b's next-token law is ``logits[b, lengths[b]-1]``),
+    or with ``features=True`` the features ``float32[B, T, D]`` (:meth:`Transformer.features`),
     and a fresh cache of ``capacity`` slots with ``cache.lengths = lengths``. Slots past a
     row's length hold padding K/V that later masks exclude.
     """
@@ -318,8 +354,8 @@ def prefill(
     cache = init_cache(model.config, b, capacity, cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     mask = causal_cache_mask(cache.lengths, t, capacity)  # [B, T, S]
-    logits, cache = model(tokens, positions, cache, mask)
-    return logits, cache.replace(lengths=lengths)
+    out, cache = (model.features if features else model)(tokens, positions, cache, mask)
+    return out, cache.replace(lengths=lengths)
 
 
 def decode_step(model: Transformer, cache: KVCache, token: jax.Array) -> tuple[jax.Array, KVCache]:

@@ -1,0 +1,219 @@
+"""A feature-level draft head (EAGLE style): one decoder layer that drafts from the
+target's own features.
+
+The head at position p reads the pair (the target's feature at ``p - 1``, the embedding of
+token ``p``) and predicts the target's feature at p; the target's frozen LM head turns that
+prediction into the draft law of token ``p + 1``::
+
+    x_p   = fc([embed(token_p), feature_{p-1}])          [B, T, 2D] -> [B, T, D]
+    h_p   = norm(layer(x_p))                              one decoder layer, own KV cache
+    q_p+1 = softmax(target.unembed(h_p))                 the target's LM head, frozen
+
+"Feature" is the target's last residual after its final norm
+(:meth:`jaxspec.nn.model.Transformer.features`), the input of its LM head, so a perfect
+head reproduces the target's law exactly. The embedding table and the LM head are the
+target's: the head owns only ``fc``, the layer and its norm. Position 0 has no previous
+feature and reads zeros, in training and in decoding alike.
+
+The head's width is the target's (``hidden_size``); its layer may be narrower in heads and
+MLP (:func:`head_config`). On disk a head is a folder with ``config.json`` (the head's
+:class:`~jaxspec.nn.config.ModelConfig` under ``"jaxspec_head"``, plus the digest of the
+target it was trained on) and ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxspec.nn.cache import KVCache
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import DecoderLayer, RMSNorm, Transformer, write_and_attend
+
+__all__ = [
+    "HEAD_KEY",
+    "FeatureHead",
+    "head_config",
+    "init_head",
+    "check_head_for",
+    "target_digest",
+    "is_head_folder",
+    "save_head",
+    "load_head",
+]
+
+#: the ``config.json`` key that marks a folder as a feature head (its ModelConfig dict)
+HEAD_KEY = "jaxspec_head"
+_F32 = jnp.float32
+
+
+def head_config(target: ModelConfig, *, num_attention_heads: int | None = None,
+                num_key_value_heads: int | None = None, intermediate_size: int | None = None) -> ModelConfig:
+    """The configuration of a head for ``target``: the target's width, vocabulary, RoPE and
+    context, one layer; heads and MLP width the target's unless given."""
+    d = target.to_dict()
+    d.update(num_hidden_layers=1, tie_word_embeddings=False)
+    if num_attention_heads is not None:
+        d["num_attention_heads"] = num_attention_heads
+    if num_key_value_heads is not None:
+        d["num_key_value_heads"] = num_key_value_heads
+    if intermediate_size is not None:
+        d["intermediate_size"] = intermediate_size
+    return ModelConfig.from_dict(d)
+
+
+class FeatureHead(nnx.Module):
+    """One decoder layer over ``fc([embed(token), feature])``; see the module docstring.
+
+    Forward (the same cache contract as :class:`~jaxspec.nn.model.Transformer`: the new K/V
+    go to slots ``cache.lengths[b] + t``, lengths unchanged)::
+
+        h, cache = head(target, feats, tokens, positions, cache, attention_mask)
+        # feats float32[B, T, D] (the target's feature at each token's previous position),
+        # tokens/positions int32[B, T], attention_mask bool[B, T, S] -> h float32[B, T, D]
+        logits = target.unembed(h)   # float32[B, T, V]
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"FeatureHead: config = {type(config).__name__}; expected a ModelConfig")
+        if config.num_hidden_layers != 1:
+            raise ValueError(
+                f"FeatureHead: config.num_hidden_layers = {config.num_hidden_layers}; expected 1 (see head_config)"
+            )
+        pd = config.param_dtype
+        d = config.hidden_size
+        self.config = config
+        self.fc = nnx.Linear(2 * d, d, use_bias=True, dtype=pd, param_dtype=pd, rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs)])
+        self.norm = RMSNorm(d, config.rms_norm_eps, pd)
+
+    def inputs(self, target: Transformer, feats, tokens):
+        """The layer's input ``fc([embed(tokens), feats])``: float32 ``[B, T, D]``."""
+        x = jnp.concatenate([target.embed(tokens), feats.astype(_F32)], axis=-1)  # [B, T, 2D]
+        return self.fc(x.astype(self.config.param_dtype)).astype(_F32)
+
+    def __call__(self, target: Transformer, feats, tokens, positions, cache: KVCache, attention_mask):
+        x = self.inputs(target, feats, tokens)
+        x, cache = write_and_attend(self.layers, x, positions, cache, attention_mask)
+        return self.norm(x), cache
+
+    def teacher_forced(self, target: Transformer, tokens, feats):
+        """Training and evaluation without a cache: ``tokens int32[B, T]`` and the target's
+        features ``float32[B, T, D]`` at those tokens -> the head's prediction of each
+        position's feature ``float32[B, T, D]``, position p reading ``feats[:, p - 1]``
+        (zeros at p = 0) under a causal mask."""
+        b, t = tokens.shape
+        prev = jnp.concatenate([jnp.zeros_like(feats[:, :1]), feats[:, :-1]], axis=1)  # [B, T, D]
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))
+        x = self.inputs(target, prev, tokens)
+        layer = self.layers[0]
+        q, k, v = layer.project(x, positions)
+        return self.norm(layer.finish(x, q, k, v, mask))
+
+
+def init_head(config: ModelConfig, key: jax.Array) -> FeatureHead:
+    """A randomly initialised :class:`FeatureHead` (``key`` from ``jax.random.key``)."""
+    return FeatureHead(config, rngs=nnx.Rngs(params=key))
+
+
+def check_head_for(name: str, head, target: Transformer) -> FeatureHead:
+    """``head`` if it is a :class:`FeatureHead` that fits ``target`` (width, vocabulary),
+    else ``ValueError`` naming ``name``."""
+    if not isinstance(head, FeatureHead):
+        raise ValueError(f"{name}: expected a jaxspec FeatureHead, got {type(head).__name__}")
+    for field in ("hidden_size", "vocab_size"):
+        hv, tv = getattr(head.config, field), getattr(target.config, field)
+        if hv != tv:
+            raise ValueError(f"{name}: {field} = {hv}; expected the target's {field} = {tv} (a head reads the "
+                             "target's features and logits through its LM head)")
+    return head
+
+
+def target_digest(target: Transformer) -> str:
+    """A short digest of the target's weights: a saved head records the target it was
+    trained on."""
+    h = hashlib.sha256()
+    for path, var in sorted(nnx.to_flat_state(nnx.state(target)), key=lambda pv: str(pv[0])):
+        h.update(str(path).encode())
+        h.update(np.ascontiguousarray(np.asarray(var[...])).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _tensor_names(state) -> dict[str, tuple]:
+    """Safetensors name (the module path joined by dots) -> the path in the state."""
+    return {".".join(str(p) for p in path): path for path, _ in nnx.to_flat_state(state)}
+
+
+def is_head_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder whose ``config.json`` marks a feature head."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return HEAD_KEY in json.loads(cfg.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+
+
+def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transformer | None = None,
+              extra: dict | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` to ``out_dir`` (created); the
+    target's digest is recorded when ``target`` is given. Returns the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {HEAD_KEY: head.config.to_dict(), **(extra or {})}
+    if target is not None:
+        meta["target_digest"] = target_digest(target)
+    flat = dict(nnx.to_flat_state(nnx.state(head)))
+    tensors = {name: np.ascontiguousarray(np.asarray(flat[path].get_value()))
+               for name, path in _tensor_names(nnx.state(head)).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "jaxspec-head"})
+    (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def load_head(path: str | os.PathLike) -> FeatureHead:
+    """The :class:`FeatureHead` saved in ``path`` (:func:`save_head`); errors name the
+    folder and the tensor."""
+    folder = Path(path)
+    if not is_head_folder(folder):
+        raise ValueError(f"load_head: {os.fspath(path)!r}: expected a folder whose config.json has {HEAD_KEY!r} "
+                         "(written by jaxspec train-head or save_head)")
+    meta = json.loads((folder / "config.json").read_text())
+    config = ModelConfig.from_dict(meta[HEAD_KEY])
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: init_head(config, jax.random.key(0))))
+    shapes = {path: var.get_value() for path, var in nnx.to_flat_state(state)}
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"load_head: missing {weights}")
+    pure = nnx.to_pure_dict(state)
+    with safe_open(str(weights), framework="numpy") as f:
+        stored = set(f.keys())
+        names = _tensor_names(state)
+        missing = sorted(set(names) - stored)
+        if missing:
+            raise ValueError(f"load_head: {weights} lacks tensor {missing[0]!r} ({len(missing)} missing)")
+        for name, path in names.items():
+            a, want = f.get_tensor(name), shapes[path]
+            if a.shape != tuple(want.shape) or a.dtype != want.dtype:
+                raise ValueError(f"load_head: {weights}: tensor {name!r} is {a.dtype}{list(a.shape)}; "
+                                 f"expected {want.dtype}{list(want.shape)}")
+            if not np.isfinite(a).all():
+                raise ValueError(f"load_head: {weights}: tensor {name!r} has non-finite values")
+            node = pure
+            for p in path[:-1]:
+                node = node[p]
+            node[path[-1]] = jnp.asarray(a)
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
