@@ -14,6 +14,9 @@ Public API (see docs/DESIGN.md §5):
   tree specs :class:`DynamicTree`, :func:`parse_tree`;
 * checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
   :func:`save_model`; :class:`ByteTokenizer`;
+* feature draft heads (EAGLE style): :class:`FeatureHead`, :func:`head_config`,
+  :func:`init_head`, :func:`save_head`, :func:`load_head`; :func:`load_draft` loads a head
+  or a draft model by name or folder;
 * tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`,
   :func:`branching_widths`; the tree for this device: :func:`auto_tree` (lazy,
   :mod:`jaxspec.tuning.autotree`);
@@ -22,7 +25,7 @@ Public API (see docs/DESIGN.md §5):
 
 #: the ``jaxspec`` subcommands, for the line below (tests/test_cli_robust.py checks them
 #: against ``jaxspec.cli.main.COMMANDS``, which this module must not import)
-_COMMAND_NAMES = ("train", "distill", "bench", "export", "generate", "verify")
+_COMMAND_NAMES = ("train", "distill", "train-head", "bench", "export", "generate", "verify")
 
 
 def _exit_130_on_ctrl_c_while_the_command_starts() -> None:
@@ -101,13 +104,15 @@ from jaxspec.decode.generate import GenerateResult, generate, generate_autoregre
 from jaxspec.decode.ngram import NgramDraft
 from jaxspec.decode.round import RoundParts
 from jaxspec.nn.cache import KVCache, advance, commit, init_cache
-from jaxspec.nn.checkpoint import embedded_models, load_model, save_model
+from jaxspec.nn.checkpoint import embedded_models, load_draft, load_model, save_model
 from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.head import FeatureHead, head_config, init_head, load_head, save_head
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.nn.sharding import make_mesh
 from jaxspec.nn.model import (
     Transformer,
     decode_step,
+    forward_features,
     forward_logits,
     init_model,
     prefill,
@@ -125,12 +130,13 @@ from jaxspec.tuning.optimize import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "SCHEMES", "AcceptResult", "AcceptanceEstimate", "ByteTokenizer", "DynamicTree", "GenerateResult", "KVCache",
+    "SCHEMES", "AcceptResult", "AcceptanceEstimate", "ByteTokenizer", "DynamicTree", "FeatureHead", "GenerateResult", "KVCache",
     "ModelConfig", "NgramDraft", "OptimizedTree", "RoundParts", "Transformer", "accept_probabilities", "advance", "branching",
     "branching_widths", "causal_cache_mask", "chain", "commit", "decode_step", "draw", "draw_deterministic",
-    "draw_iid", "draw_without_replacement", "embedded_models", "expected_accepted", "forward_logits",
-    "from_parents", "generate", "generate_autoregressive", "init_cache", "init_model", "load_model",
-    "make_mesh", "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling",
+    "draw_iid", "draw_without_replacement", "embedded_models", "expected_accepted", "forward_features", "forward_logits",
+    "from_parents", "generate", "generate_autoregressive", "head_config", "init_cache", "init_head", "init_model",
+    "load_draft", "load_head", "load_model",
+    "make_mesh", "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling", "save_head",
     "save_model", "sibling_laws", "speculative_accept", "tree_cache_mask", "tree_children", "tree_depths",
     "tree_mask", "tree_paths", "tree_positions", "validate_parents", "validate_warp_args", "warp_logits",
     "warp_probs",

@@ -208,7 +208,7 @@ def test_every_command_module_is_listed():
         for value in vars(mod).values():
             if isinstance(value, cli.Command) and value.__class__ is cli.Command:
                 assert id(value) in listed, f"jaxspec.cli.{info.name}: {value.name} is not in COMMANDS"
-    assert [c.name for c in cli.COMMANDS] == ["train", "distill", "bench", "export", "generate", "verify"]
+    assert [c.name for c in cli.COMMANDS] == ["train", "distill", "train-head", "bench", "export", "generate", "verify"]
 
 
 def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypatch):

@@ -39,7 +39,7 @@ import functools
 import jax
 import numpy as np
 import pytest
-from _tiny import exact_joint, tiny_pair
+from _tiny import exact_joint, tiny_head, tiny_pair
 
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness import mutants
@@ -49,7 +49,7 @@ from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 90
+NUM_TESTS = 100
 THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.4e-5
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
@@ -172,7 +172,11 @@ TRAVERSAL_CASES = [("branch", "without_replacement", "none")]
 # first round drafts "3 1 ..." and later rounds match on whatever was emitted
 NGRAM_PROMPT = (1, 2, 3, 1, 2)
 NGRAM_CASES = [("chain", "none"), ("branch", "t0.7_topk3")]
-assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES))
+# feature-head drafts (jaxspec.FeatureHead, a random head on the tiny target): the default
+# rule on a chain (block), the token rule on a branching tree under a warped law
+HEAD_CASES = [("chain", "iid", "none"), ("branch", "without_replacement", "t0.7_topk3")]
+assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES)
+             + len(HEAD_CASES))
         + 4 * len(RAGGED) + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)
 
 
@@ -219,6 +223,20 @@ def test_generate_ngram_draft_matches_exact_target_law(tree, warp_key):
     print(f"ngram reference {ar}")
     assert ar.pvalue > THRESH, str(ar)
     _check(counts, exact, f"ngram/{tree}/{warp_key}", reference)
+
+
+@functools.lru_cache(maxsize=None)
+def _head():
+    return tiny_head(_pair()[0], 0)
+
+
+@pytest.mark.parametrize("tree,scheme,warp_key", HEAD_CASES)
+def test_generate_feature_head_matches_exact_target_law(tree, scheme, warp_key):
+    """generate(draft=FeatureHead): drafts from the target's own features (rule auto: block
+    on the chain, token on the tree) keep the target's law."""
+    seed = 7500 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="auto", draft=_head())
+    _check(counts, _exact(warp_key), f"head/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
 
 def test_generate_ragged_batch_matches_each_prompts_law():
@@ -304,6 +322,21 @@ def test_harness_rejects_broken_ngram_decoders(tree, mutant):
     counts = _count(run, 9100, MUTANT_SAMPLES)
     joint = chisquare_gof(counts, _exact("none", NGRAM_PROMPT))
     print(f"ngram mutant {mutant} on {tree}: joint {joint}")
+    assert joint.pvalue < MUTANT_THRESH, f"{joint}\n{joint.table()}"
+
+
+# mutants on feature-head rounds: rows by depth instead of by parent, the emitted token's
+# K/V one slot early in the target's cache
+HEAD_MUTANTS = [("branch", "depth-row"), ("chain", "bonus-kv-slot")]
+
+
+@pytest.mark.parametrize("tree,mutant", HEAD_MUTANTS)
+def test_harness_rejects_broken_head_decoders(tree, mutant):
+    """The same tests have power on feature-head rounds."""
+    counts = _speculative_counts(TREES[tree], "without_replacement", "none", seed=9200, mutant=mutant,
+                                 num_samples=MUTANT_SAMPLES, draft=_head())
+    joint = chisquare_gof(counts, _exact("none"))
+    print(f"head mutant {mutant} on {tree}: joint {joint}")
     assert joint.pvalue < MUTANT_THRESH, f"{joint}\n{joint.table()}"
 
 

@@ -527,6 +527,12 @@ CLI_SNAPSHOT = {
         "--out", "--preset", "--resume", "--seed", "--seq-len", "--steps", "--stop-at", "--target",
         "--tie-embeddings", "--warmup-steps", "--weight-decay", "-h",
     ], []),
+    "train-head": ([
+        "--batch-size", "--checkpoint-every", "--clip-norm", "--eval-every", "--eval-windows", "--export",
+        "--feature-weight", "--heads", "--help", "--intermediate-size", "--kv-heads", "--lr", "--max-files",
+        "--min-lr-ratio", "--no-progress", "--noise", "--out", "--resume", "--seed", "--seq-len", "--steps",
+        "--stop-at", "--target", "--warmup-steps", "--weight-decay", "-h",
+    ], []),
     "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),
     "generate": ([
@@ -540,7 +546,7 @@ CLI_SNAPSHOT = {
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),
 }
-CLI_ORDER = ["train", "distill", "bench", "export", "generate", "verify"]
+CLI_ORDER = ["train", "distill", "train-head", "bench", "export", "generate", "verify"]
 
 
 def _cli_shape():

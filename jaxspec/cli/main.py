@@ -30,6 +30,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a process that Ctrl-C e
 COMMANDS: tuple[Command, ...] = (
     train.train_command,
     train.distill_command,
+    train.train_head_command,
     bench.bench_command,
     export.export_command,
     generate.generate_command,

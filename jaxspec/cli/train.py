@@ -1,8 +1,10 @@
-"""``jaxspec train`` and ``jaxspec distill``: train a target from scratch on the stdlib
-corpus, or distill a draft from a target (:mod:`jaxspec.training.train`)::
+"""``jaxspec train``, ``jaxspec distill`` and ``jaxspec train-head``: train a target from
+scratch on the stdlib corpus, distill a draft from a target (:mod:`jaxspec.training.train`),
+or train a feature draft head on a frozen target (:mod:`jaxspec.training.head`)::
 
     jaxspec train --out runs/target --steps 1200
     jaxspec distill --target runs/target/final --out runs/draft --steps 600
+    jaxspec train-head --target runs/target/final --out runs/head --steps 600
 
 stdout: one strict JSON object (non-finite numbers as null). A run that diverges (an inf /
 NaN loss or parameters) exits 1 with ``jaxspec <cmd>: error: <kind>: the run diverged at step
@@ -34,7 +36,7 @@ from jaxspec.cli.common import (
     unit_float,
 )
 
-__all__ = ["train_command", "distill_command"]
+__all__ = ["train_command", "distill_command", "train_head_command"]
 
 _MODEL_FLAGS = {  # flag -> ModelConfig field
     "hidden_size": "hidden_size",
@@ -99,6 +101,9 @@ def _flag_names(message: str, args) -> str:
     flags.update(model)  # ModelConfig field names are distinctive enough to map bare
     flags.update({f"TrainConfig.{name}": name for name in vars(args)})
     flags["stop_at"] = "stop_at"  # a train() / distill() argument, named bare in their messages
+    for name in ("feature_weight", "noise"):  # train_head() arguments, likewise (train-head only)
+        if hasattr(args, name):
+            flags[name] = name
 
     def sub(m):
         flag = flags.get(m.group(0))
@@ -233,6 +238,59 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
         _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
                      "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
                      "params": mc.num_params(), "model": str(r.final_dir)})
+        return 0
+
+    return run
+
+
+@command("train-head", help="train a feature draft head (EAGLE style) on a frozen target")
+def train_head_command(p: argparse.ArgumentParser) -> Handler:
+    from jaxspec.training.head import DEFAULT_FEATURE_WEIGHT, DEFAULT_NOISE
+
+    p.add_argument("--target", default="default-target", help="target model name or folder (default: default-target)")
+    g = p.add_argument_group("head size (default: the target's; the width and vocabulary are always the target's)")
+    g.add_argument("--heads", type=positive_int, help="num_attention_heads")
+    g.add_argument("--kv-heads", type=positive_int, help="num_key_value_heads")
+    g.add_argument("--intermediate-size", type=positive_int)
+    g = p.add_argument_group("objective")
+    g.add_argument("--feature-weight", type=nonneg_float, default=DEFAULT_FEATURE_WEIGHT,
+                   help="weight of the smooth-L1 feature regression next to the KL to the target's law "
+                        f"(default: {DEFAULT_FEATURE_WEIGHT})")
+    g.add_argument("--noise", type=nonneg_float, default=DEFAULT_NOISE,
+                   help=f"half-width of the uniform noise on the input features in training (default: {DEFAULT_NOISE})")
+    _add_train_args(p)
+
+    def run(args) -> int:
+        from jaxspec.nn.head import head_config
+        from jaxspec.training.head import head_params, train_head
+        from jaxspec.training.train import TrainingDiverged
+
+        tc = _train_config(args)
+        _check_output_dirs(args)
+        target = load_flag_model("--target", args.target)
+        try:
+            hc = head_config(target.config, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                             intermediate_size=args.intermediate_size)
+        except ValueError as e:
+            raise CLIError(_flag_names(str(e), args)) from None
+        print(f"train-head: a head of {hc.num_hidden_layers} layer (width {hc.hidden_size}); {tc.steps} steps of "
+              f"{tc.batch_size}x{tc.seq_len} tokens", file=sys.stderr)
+        try:
+            r = train_head(target, tc, args.out, head_config=hc, resume=args.resume, corpus=_corpus(args),
+                           progress=not args.no_progress, export_dir=args.export, stop_at=args.stop_at,
+                           feature_weight=args.feature_weight, noise=args.noise)
+        except TrainingDiverged as e:
+            return _diverged("train-head", e, args)
+        except ValueError as e:
+            raise CLIError(_flag_names(str(e), args)) from None
+        except KeyboardInterrupt:
+            _say_where_to_resume("train-head", args.out)
+            raise
+        if r.final_dir is None:
+            return _stopped(r)
+        _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
+                     "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
+                     "params": head_params(r.model), "model": str(r.final_dir)})
         return 0
 
     return run

@@ -1,6 +1,7 @@
 """Training the embedded models: a target from scratch, then a draft distilled from it.
 
-Both loops share one engine (:func:`_fit`): optax AdamW with linear warmup + cosine decay
+Both loops share one engine (:func:`fit`, public so that other trainers reuse it: the
+feature head's, :mod:`jaxspec.training.head`): optax AdamW with linear warmup + cosine decay
 and global-norm clipping, a jit-compiled step over ``nnx.split`` state (params and
 optimizer state donated), a tqdm bar with loss and tokens/s, periodic validation and
 resumable checkpoints::
@@ -71,6 +72,13 @@ __all__ = [
     "flops_per_token",
     "acceptance_alpha",
     "evaluate_loss",
+    "fit",
+    "validation_windows",
+    "write_summary",
+    "FINAL_DIR",
+    "CHECKPOINT_DIR",
+    "META_FILE",
+    "find_checkpoint",
 ]
 
 # Model presets (byte vocabulary; EOS_ID, which ends every corpus document, is their
@@ -163,11 +171,12 @@ class DistillResult(TrainResult):
 class TrainingDiverged(FloatingPointError, RuntimeError):
     """The run diverged: a loss, a validation metric or the parameters became inf / NaN.
 
-    Raised by :func:`train` and :func:`distill` with no final model written.
-    ``step``: the step at which it was detected; ``metric``: what was non-finite
-    (``"loss"``, ``"val_loss"``, ``"val_kl"``, ``"alpha"`` or ``"params"``); ``loss``: its
-    value (for ``"params"``, the step's training loss); ``last_checkpoint``: the folder of
-    the last (finite) checkpoint of this run, or None, and ``last_checkpoint_step`` its step.
+    Raised by :func:`train`, :func:`distill` and :func:`jaxspec.training.head.train_head`
+    (any :func:`fit`) with no final model written. ``step``: the step at which it was
+    detected; ``metric``: what was non-finite (``"loss"``, ``"params"`` or a validation
+    metric: ``"val_loss"``, ``"val_kl"``, ``"alpha"``, ...); ``loss``: its value (for
+    ``"params"``, the step's training loss); ``last_checkpoint``: the folder of the last
+    (finite) checkpoint of this run, or None, and ``last_checkpoint_step`` its step.
     (A ``FloatingPointError`` too, which earlier versions raised for a non-finite loss.)
     """
 
@@ -325,7 +334,7 @@ def _train_step(params, opt_state, batch, consts, *, graphdef, loss_fn, cfg: Tra
     return optax.apply_updates(params, updates), opt_state, loss, optax.tree.norm(grads)
 
 
-def _fit(
+def fit(
     *,
     kind: str,
     model: Transformer,
@@ -340,6 +349,20 @@ def _fit(
     extra_meta: dict,
     stop_at: int | None,
 ) -> tuple[Transformer, list[dict], float, float, int]:
+    """The training loop shared by :func:`train`, :func:`distill` and
+    :func:`jaxspec.training.head.train_head`: ``cfg.steps`` optimizer steps on ``model``
+    (any ``nnx.Module`` with a ``.config`` ModelConfig) from the corpus's train split.
+
+    ``loss_fn(model, batch int32[B, T+1], *consts) -> scalar`` must be hashable (a static of
+    the jitted step; ``consts`` are its array arguments, e.g. a frozen target's params).
+    ``evaluate(model) -> {name: float}`` runs every ``cfg.eval_every`` steps and at the end;
+    each value must be finite. ``kind`` names the run in messages and checkpoints;
+    ``extra_meta`` joins the checkpoint metadata (``target_digest`` is checked on resume).
+    Writes ``out_dir/checkpoint``; resumes it when ``resume``; stops after ``stop_at``.
+    Raises :class:`TrainingDiverged` (see the module docstring).
+
+    Returns ``(model, history, wall_time_s, total_train_time_s, step)``.
+    """
     ckpt_dir = out_dir / CHECKPOINT_DIR
     graphdef, params = nnx.split(model)
     tx = _optimizer(cfg)
@@ -467,7 +490,7 @@ def _check_resumable(meta: dict, now: dict, where: Path) -> None:
         raise ValueError(f"resume: {where}: the target model differs from the one the checkpoint was distilled from")
 
 
-def _val_windows(corpus: Corpus, config: TrainConfig) -> np.ndarray:
+def validation_windows(corpus: Corpus, config: TrainConfig) -> np.ndarray:
     """The held-out windows; more than the validation stream has distinct windows would
     only repeat them (and slow every evaluation) -> ValueError."""
     distinct = corpus.val.size - config.seq_len
@@ -478,6 +501,9 @@ def _val_windows(corpus: Corpus, config: TrainConfig) -> np.ndarray:
             f"expected at most {max(distinct, 0):,}"
         )
     return eval_windows(corpus.val, config.eval_windows, config.seq_len)
+
+
+_val_windows = validation_windows  # the earlier private name
 
 
 def _json_safe(obj):
@@ -491,7 +517,8 @@ def _json_safe(obj):
     return obj
 
 
-def _write_summary(out_dir: Path, summary: dict) -> None:
+def write_summary(out_dir: Path, summary: dict) -> None:
+    """``out_dir/summary.json``: strict JSON (non-finite floats as null), indented."""
     (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n")
 
 
@@ -522,9 +549,9 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus
-    val = _val_windows(corpus, config)
+    val = validation_windows(corpus, config)
     model = init_model(model_config, jax.random.key(config.seed))
-    model, history, wall, total, step = _fit(
+    model, history, wall, total, step = fit(
         kind="train", model=model, loss_fn=_lm_loss, consts=(),
         evaluate=lambda m: {"val_loss": evaluate_loss(m, val, config.batch_size)},
         cfg=config, corpus=corpus, out_dir=out_dir, resume=resume, progress=progress, extra_meta={},
@@ -534,7 +561,7 @@ def train(
         return TrainResult(model=model, history=history, final_dir=None, step=step, wall_time_s=wall,
                            total_train_time_s=total)
     final = save_model(model, Path(export_dir) if export_dir else out_dir / FINAL_DIR, extra_config=TOKENIZER_CONFIG)
-    _write_summary(out_dir, {
+    write_summary(out_dir, {
         "kind": "train", "params": model_config.num_params(), "model_config": model_config.to_dict(),
         "train_config": dataclasses.asdict(config), "tokens_seen": config.steps * config.batch_size * config.seq_len,
         "train_time_s": round(total, 1), "history": history, "final_dir": str(final),
@@ -614,11 +641,11 @@ def distill(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus
-    val = _val_windows(corpus, config)
+    val = validation_windows(corpus, config)
     draft = init_draft if init_draft is not None else init_model(draft_config, jax.random.key(config.seed))
     before = _evaluate_pair(target, draft, val, config.batch_size)
     tg, tp = nnx.split(target)
-    model, history, wall, total, step = _fit(
+    model, history, wall, total, step = fit(
         kind="distill", model=draft, loss_fn=_DistillLoss(tg), consts=(tp,),
         evaluate=lambda m: _evaluate_pair(target, m, val, config.batch_size),
         cfg=config, corpus=corpus, out_dir=out_dir, resume=resume, progress=progress,
@@ -629,7 +656,7 @@ def distill(
                              total_train_time_s=total, alpha_before=before["alpha"])
     after = history[-1]
     final = save_model(model, Path(export_dir) if export_dir else out_dir / FINAL_DIR, extra_config=TOKENIZER_CONFIG)
-    _write_summary(out_dir, {
+    write_summary(out_dir, {
         "kind": "distill", "params": draft_config.num_params(), "model_config": draft_config.to_dict(),
         "train_config": dataclasses.asdict(config), "compute_ratio": ratio,
         "alpha_before": before["alpha"], "alpha_after": after["alpha"], "before": before,

@@ -1,0 +1,236 @@
+"""Training a feature draft head (jaxspec.training.head.train_head, ``jaxspec train-head``)
+on a tiny random target: alpha rises, resume is exact, divergence exports nothing, bad
+inputs are refused naming the argument, and the CLI writes a head that load_head loads.
+
+The target: 2 layers of width 32 over the byte vocabulary, its LM head scaled by 4 so that
+its laws are sharp and context dependent (a random head's alpha starts near 0.02). Every
+run here shares one TrainConfig (so one pytest process compiles the step once), except
+the diverging one.
+"""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxspec import cli
+from jaxspec.nn.checkpoint import save_model
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.head import head_config, load_head, target_digest
+from jaxspec.nn.model import init_model
+from jaxspec.training.corpus import load_corpus
+from jaxspec.training.head import HeadLoss, evaluate_head, head_params, train_head
+from jaxspec.training.train import (
+    TOKENIZER_CONFIG,
+    TrainConfig,
+    TrainingDiverged,
+    validation_windows,
+)
+
+TARGET_CONFIG = ModelConfig(vocab_size=264, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+CFG = TrainConfig(steps=40, batch_size=8, seq_len=32, lr=1e-2, warmup_steps=4, eval_every=20, eval_windows=16,
+                  checkpoint_every=20, seed=1)
+# the same run on the command line
+RUN = ["--steps", "40", "--batch-size", "8", "--seq-len", "32", "--lr", "1e-2", "--warmup-steps", "4",
+       "--eval-every", "20", "--eval-windows", "16", "--checkpoint-every", "20", "--seed", "1", "--max-files", "2",
+       "--no-progress"]
+
+
+def _target():
+    t = init_model(TARGET_CONFIG, jax.random.key(0))
+    t.lm_head.kernel[...] = t.lm_head.kernel[...] * 4.0
+    return t
+
+
+def _leaves(model):
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
+
+
+def strict_json(s: str):
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(s, parse_constant=refuse)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _target()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus(max_files=2)
+
+
+@pytest.fixture(scope="module")
+def trained(target, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("head")
+    return out, train_head(target, CFG, out, corpus=corpus, progress=False)
+
+
+def test_training_raises_alpha_and_lowers_the_loss(trained, target, corpus):
+    out, r = trained
+    assert r.step == 40 and r.final_dir == out / "final"
+    assert [h["step"] for h in r.history] == [20, 40]
+    summary = json.loads((out / "summary.json").read_text())
+    before = summary["before"]
+    assert r.alpha_before == before["alpha"] < 0.1
+    assert r.alpha_after == r.history[-1]["alpha"] > r.alpha_before + 0.1
+    last = r.history[-1]
+    assert last["val_loss"] < before["val_loss"] - 1.0
+    assert last["val_kl"] < before["val_kl"] and last["val_feature_loss"] < before["val_feature_loss"]
+    assert last["val_loss"] == pytest.approx(last["val_kl"] + 1.0 * last["val_feature_loss"])
+    # the history's metrics are the returned head's; the summary is strict JSON
+    val = validation_windows(corpus, CFG)
+    assert evaluate_head(r.model, target, val)["alpha"] == pytest.approx(r.alpha_after, rel=1e-5)
+    assert summary["kind"] == "train-head" and summary["history"] == r.history
+    assert summary["alpha_after"] == r.alpha_after and summary["params"] == head_params(r.model)
+    assert summary["feature_weight"] == 1.0 and summary["noise"] == 0.05
+    strict_json((out / "summary.json").read_text())
+
+
+def test_export_loads_back(trained, target):
+    _, r = trained
+    head = load_head(r.final_dir)
+    assert head.config == r.model.config == head_config(target.config)
+    for a, b in zip(_leaves(head), _leaves(r.model)):
+        np.testing.assert_array_equal(a, b)
+    meta = json.loads((r.final_dir / "config.json").read_text())
+    assert meta["target_digest"] == target_digest(target)
+    # the head owns fc, one layer and its norm; the embedding and the LM head are the target's
+    d, v = TARGET_CONFIG.hidden_size, TARGET_CONFIG.vocab_size
+    assert head_params(head) == head.config.num_params() - 2 * v * d + (2 * d * d + d)
+
+
+def test_objective_matches_the_evaluation(trained, target, corpus):
+    """Without noise the training loss of a batch is the evaluation's val_loss of it."""
+    _, r = trained
+    batch = jnp.asarray(validation_windows(corpus, CFG)[: CFG.batch_size])  # the shape evaluate compiled
+    tg, tp = nnx.split(target)
+    loss = float(HeadLoss(tg, 2.5, 0.0, 0)(r.model, batch, tp))
+    ev = evaluate_head(r.model, target, np.asarray(batch), batch_size=CFG.batch_size, feature_weight=2.5)
+    assert loss == pytest.approx(ev["val_loss"], rel=1e-4)
+    assert ev["val_loss"] == pytest.approx(ev["val_kl"] + 2.5 * ev["val_feature_loss"])
+    assert float(HeadLoss(tg, 2.5, 0.05, 0)(r.model, batch, tp)) != pytest.approx(loss, rel=1e-6)  # noisy inputs
+
+
+def test_resume_equals_uninterrupted(trained, target, corpus, tmp_path):
+    from jaxspec.training.train import _train_step
+
+    _, full = trained
+    compiled = _train_step._cache_size()
+    part = train_head(target, CFG, tmp_path, corpus=corpus, progress=False, stop_at=20)
+    assert part.step == 20 and part.final_dir is None and not (tmp_path / "final").exists()
+    assert part.alpha_before == full.alpha_before and np.isnan(part.alpha_after)
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["step"] == 20
+    with pytest.raises(ValueError, match="already holds a checkpoint"):
+        train_head(target, CFG, tmp_path, corpus=corpus, progress=False)
+    with pytest.raises(ValueError, match=r"noise = 0.1 now but 0.05 in the checkpoint"):
+        train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True, noise=0.1)
+    resumed = train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True)
+    assert resumed.step == 40 and resumed.final_dir == tmp_path / "final"
+    for a, b in zip(_leaves(resumed.model), _leaves(full.model)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert [h["alpha"] for h in resumed.history] == pytest.approx([h["alpha"] for h in full.history], abs=1e-6)
+    assert _train_step._cache_size() == compiled  # same configuration: no recompilation
+
+
+def test_resume_refuses_another_target(trained, corpus, tmp_path):
+    other = init_model(TARGET_CONFIG, jax.random.key(5))
+    train_head(_target(), CFG, tmp_path, corpus=corpus, progress=False, stop_at=1)
+    with pytest.raises(ValueError, match="target model differs"):
+        train_head(other, CFG, tmp_path, corpus=corpus, progress=False, resume=True)
+
+
+def test_diverging_lr_raises_and_writes_no_final(target, corpus, tmp_path):
+    cfg = TrainConfig(steps=3, warmup_steps=1, batch_size=2, seq_len=16, eval_windows=2, lr=3e38,
+                      eval_every=1, checkpoint_every=1)
+    with pytest.raises(TrainingDiverged, match=r"train-head: the run diverged at step \d") as e:
+        train_head(target, cfg, tmp_path, corpus=corpus, progress=False)
+    assert e.value.step <= 3 and (e.value.last_checkpoint is None or e.value.last_checkpoint_step < e.value.step)
+    assert not (tmp_path / "final").exists() and not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"target": "default-target"}, "train_head: target is a str; expected a jaxspec Transformer"),
+    ({"config": {"steps": 3}}, "train_head: config is a dict; expected a TrainConfig"),
+    ({"head_config": "big"}, "train_head: head_config is a str; expected a ModelConfig"),
+    ({"head_config": dataclasses.replace(head_config(TARGET_CONFIG), hidden_size=64, head_dim=None)},
+     "train_head: head_config.hidden_size = 64; expected the target's hidden_size = 32"),
+    ({"head_config": dataclasses.replace(head_config(TARGET_CONFIG), vocab_size=300)},
+     "train_head: head_config.vocab_size = 300; expected the target's vocab_size = 264"),
+    ({"head_config": TARGET_CONFIG}, "train_head: head_config.num_hidden_layers = 2; expected 1"),
+    ({"config": dataclasses.replace(CFG, seq_len=128)},
+     "TrainConfig.seq_len = 128: expected <= the target's context length 64"),
+    ({"head_config": dataclasses.replace(head_config(TARGET_CONFIG), max_position_embeddings=16)},
+     "TrainConfig.seq_len = 32: expected <= the head's context length head_config.max_position_embeddings = 16"),
+    ({"feature_weight": -1.0}, "train_head: feature_weight = -1.0; expected a finite number >= 0"),
+    ({"noise": float("nan")}, "train_head: noise = nan; expected a finite number >= 0"),
+    ({"stop_at": 0}, "train_head: stop_at = 0; expected a positive integer or None"),
+])
+def test_bad_inputs_name_the_argument(kwargs, message, target, corpus, tmp_path):
+    args = {"target": target, "config": CFG, **kwargs}
+    out = tmp_path / "never"
+    with pytest.raises(ValueError) as e:
+        train_head(args.pop("target"), args.pop("config"), out, corpus=corpus, progress=False, **args)
+    assert message in str(e.value), str(e.value)
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def target_folder(target, tmp_path_factory):
+    return save_model(target, tmp_path_factory.mktemp("target"), extra_config=TOKENIZER_CONFIG)
+
+
+def test_cli_end_to_end(target_folder, trained, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train-head", "--target", str(target_folder), *RUN, "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    res = strict_json(cap.out)  # stdout: one strict JSON object; the log goes to stderr
+    assert res["model"] == str(out / "final") and "train-head step 40" in cap.err
+    assert 0 < res["alpha_before"] < res["alpha_after"] <= 1 and res["val_kl"] > 0
+    head = load_head(res["model"])
+    assert res["params"] == head_params(head)
+    _, r = trained  # the same run through the library, on the target saved and loaded
+    assert res["alpha_after"] == pytest.approx(r.alpha_after, abs=1e-5)
+    assert json.loads((out / "summary.json").read_text())["final_dir"] == res["model"]
+
+
+def test_cli_stop_resume_and_head_flags(target_folder, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    base = ["train-head", "--target", str(target_folder), *RUN, "--out", out]
+    assert cli.main([*base, "--stop-at", "20"]) == 0
+    stopped = strict_json(capsys.readouterr().out)
+    assert stopped["stopped_at_step"] == 20 and "--resume" in stopped["resume"]
+    assert cli.main(base) == 2  # refuses to overwrite without --resume
+    assert "--resume" in capsys.readouterr().err
+    assert cli.main([*base, "--resume", "--noise", "0"]) == 2
+    assert "--noise = 0.0 now but 0.05 in the checkpoint" in capsys.readouterr().err
+    # the head's size flags reach the head config (checked before any training)
+    assert cli.main(["train-head", "--target", str(target_folder), *RUN, "--kv-heads", "3", "--out", out + "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-heads = 3: expected a divisor of --heads = 2" in err and "Traceback" not in err
+    assert cli.main(["train-head", "--target", "no-such-model", "--out", out + "y"]) == 2
+    assert "--target: load_model: unknown model 'no-such-model'" in capsys.readouterr().err
+    assert cli.main(["train-head", "--target", str(target_folder), "--seq-len", "128", "--out", out + "z"]) == 2
+    assert "--seq-len = 128: expected <= the target's context length 64" in capsys.readouterr().err
+
+
+def test_cli_divergence_exits_1(target_folder, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train-head", "--target", str(target_folder), "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
+            "--seq-len", "16", "--eval-windows", "2", "--eval-every", "1", "--checkpoint-every", "1", "--lr", "3e38",
+            "--max-files", "2", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 1
+    cap = capsys.readouterr()
+    assert cap.out.strip() == "" or strict_json(cap.out) is not None
+    err = cap.err.strip().splitlines()[-1]
+    assert err.startswith("jaxspec train-head: error: train-head: the run diverged at step "), err
+    assert "--lr = 3e+38" in err and "TrainConfig" not in err
+    assert not (out / "final").exists()
