@@ -3,6 +3,8 @@ features and logits against independent paths, its round state against teacher f
 the whole sequence, greedy equality through ``generate``, saving and loading, and the errors.
 (The law at T > 0: tests/test_generate_exactness.py, the head cases.)"""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -151,3 +153,17 @@ def test_bad_inputs_are_refused(models):
                          tree=DynamicTree(depth=2, topk=2, num_nodes=3))
     with pytest.raises(ValueError, match="feature-head draft runs on one device"):
         jaxspec.generate(jax.random.key(0), target, head, [[1]], max_new_tokens=2, mesh=jaxspec.make_mesh(1, 1))
+
+
+def test_head_benchmark_tiny(tmp_path):
+    """``jaxspec bench --only head --size tiny``: the rows, alphas and step costs it reports."""
+    from jaxspec.bench import benchmark_module, run_benchmark
+
+    report, files = run_benchmark("head", "tiny", tmp_path)
+    assert os.path.exists(files["json"]) and os.path.exists(files["png"])
+    assert {r["mode"] for r in report["rows"]} == {"target-only", "draft chain:4", "head chain:4"}
+    assert all(r["tau"] >= 1.0 and r["tokens_per_s"] > 0 for r in report["rows"])
+    assert 0.0 <= report["alpha"]["head"] <= 1.0 and 0.0 <= report["alpha"]["draft"] <= 1.0
+    assert all(report["step_ms"][k] > 0 for k in ("draft", "head", "target"))
+    assert set(report["headline"]["head_tau"]) == {"1"}
+    assert "| 1 | 1 | chain:4 |" in benchmark_module("head").table(report)

@@ -12,7 +12,9 @@ One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG)
 * :mod:`~jaxspec.bench.harness`: peak memory vs sample count and samples/s of the
   exactness harness;
 * :mod:`~jaxspec.bench.rules`: block and traversal verification vs the token rule (exact
-  expected tokens on bigram tables; tau and tokens/s of ``generate`` per rule).
+  expected tokens on bigram tables; tau and tokens/s of ``generate`` per rule);
+* :mod:`~jaxspec.bench.lookup`: prompt lookup (n-gram) drafts vs the draft model;
+* :mod:`~jaxspec.bench.head`: the feature draft head vs the draft model.
 
 Example::
 
@@ -34,6 +36,7 @@ BENCHMARKS = {
     "harness": "jaxspec.bench.harness",
     "rules": "jaxspec.bench.rules",
     "lookup": "jaxspec.bench.lookup",
+    "head": "jaxspec.bench.head",
 }
 
 
