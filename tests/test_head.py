@@ -167,3 +167,45 @@ def test_head_benchmark_tiny(tmp_path):
     assert all(report["step_ms"][k] > 0 for k in ("draft", "head", "target"))
     assert set(report["headline"]["head_tau"]) == {"1"}
     assert "| 1 | 1 | chain:4 |" in benchmark_module("head").table(report)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A byte-vocabulary target folder and a head folder for it, as ``jaxspec train-head``
+    leaves them."""
+    target, _ = tiny_pair(4, vocab_size=264, hidden_size=16, num_heads=2)
+    head = tiny_head(target, 4)
+    root = tmp_path_factory.mktemp("head_cli")
+    save_model(target, root / "target")
+    save_head(head, root / "head", target=target)
+    return str(root / "target"), str(root / "head")
+
+
+def test_cli_generate_with_a_head_equals_the_baseline_at_temperature_0(saved, capsys):
+    import json
+
+    from jaxspec.cli import main
+
+    t, h = saved
+    flags = ["generate", "--target", t, "--prompt", "def f(", "--temperature", "0", "--max-new-tokens", "12",
+             "--json", "--no-compile-cache"]
+    assert main([*flags, "--draft", h]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*flags, "--baseline"]) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert spec["tokens"] == base["tokens"] and spec["draft"] == h
+    assert main([*flags[:-2], "--draft", h, "--tree", "auto"]) == 2
+    assert "--tree auto: times a draft model's trees" in capsys.readouterr().err
+
+
+def test_cli_verify_with_a_head(saved, capsys):
+    """``jaxspec verify --target DIR --draft HEAD``: the harness runs the head's rounds."""
+    import json
+
+    from jaxspec.cli import main
+
+    t, h = saved
+    code = main(["verify", "--target", t, "--draft", h, "--prompt", "1,2", "--horizon", "2", "--samples", "65536",
+                 "--top-k", "4", "--tree", "chain:2", "--json", "--no-progress", "--no-compile-cache"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["passed"], report

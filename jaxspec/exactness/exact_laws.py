@@ -27,7 +27,8 @@ from flax import nnx
 
 from jaxspec.core.sampling import warp_probs
 from jaxspec.core.treespec import StaticTree
-from jaxspec.nn.model import Transformer, forward_logits
+from jaxspec.nn.head import FeatureHead
+from jaxspec.nn.model import Transformer, forward_features, forward_logits
 
 __all__ = ["MAX_CELLS", "MAX_ACCEPT_TERMS", "ExactLaw", "exact_law", "expected_acceptance"]
 
@@ -49,15 +50,42 @@ def _logits_at_fn(graphdef):
     return f
 
 
-def _next_laws(model: Transformer, prompt: Sequence[int], paths: np.ndarray, warp: dict, *, width: int,
-               batch: int, raw: bool = False) -> np.ndarray:
+@functools.lru_cache(maxsize=16)
+def _head_logits_at_fn(head_def, target_def, prompt_len: int, width: int):
+    @jax.jit
+    def f(states, tokens, pos):  # tokens int32[n, T], pos int32[] -> float32[n, V]
+        head, target = nnx.merge(head_def, states[0]), nnx.merge(target_def, states[1])
+        feats = forward_features(target, tokens)  # [n, T, D]: entry p is the input of position p + 1
+        d = pos - (prompt_len - 1)  # drafted tokens on the path
+        for k in range(width):  # from the root's position on, the head reads its own predictions
+            p = prompt_len - 1 + k
+            pred = head.teacher_forced(target, tokens, feats)[:, p]
+            feats = feats.at[:, p].set(jnp.where(k < d, pred, feats[:, p]))
+        return target.unembed(head.teacher_forced(target, tokens, feats)[:, pos][:, None])[:, 0]
+
+    return f
+
+
+def _next_laws(model: Transformer | FeatureHead, prompt: Sequence[int], paths: np.ndarray, warp: dict, *,
+               width: int, batch: int, raw: bool = False, target: Transformer | None = None) -> np.ndarray:
     """float64[n, V]: warped next-token law after ``prompt + paths[i]`` (``paths`` int[n, d]),
     renormalized in float64 (``raw``: the float32 rows of :func:`warp_probs`).
 
+    A feature head (``model`` a :class:`~jaxspec.nn.head.FeatureHead`, with its ``target``):
+    its law in the first round of a generation from ``prompt``, where the pairs up to the
+    root (the last prompt token) read the target's features and every drafted node reads
+    its parent's predicted feature, computed here by teacher forcing on the whole sequence,
+    one position at a time (not through the round's cache).
+
     Every call has the shape ``[batch, len(prompt) + width]`` (paths right-padded; the
     causal forward never looks right), so one compilation serves every level."""
-    gdef, state = nnx.split(model)
-    f = _logits_at_fn(gdef)
+    if isinstance(model, FeatureHead):
+        hdef, hstate = nnx.split(model)
+        tdef, tstate = nnx.split(target)
+        f, state = _head_logits_at_fn(hdef, tdef, len(prompt), width), (hstate, tstate)
+    else:
+        gdef, state = nnx.split(model)
+        f = _logits_at_fn(gdef)
     n, d = paths.shape
     t = len(prompt)
     seqs = np.zeros((n, t + width), np.int32)
@@ -229,7 +257,7 @@ def expected_acceptance(target: Transformer, draft: Transformer, prompt: Sequenc
         arr = np.asarray(level_paths, np.int32).reshape(len(level_paths), lvl)
         kw = dict(width=max(depth_max - 1, 0), batch=batch)
         p_rows = _next_laws(target, prompt, arr, target_warp, **kw)
-        q32 = _next_laws(draft, prompt, arr, draft_warp, raw=True, **kw)  # raw: ranking (deterministic)
+        q32 = _next_laws(draft, prompt, arr, draft_warp, raw=True, target=target, **kw)  # raw: ranking
         q_rows = q32.astype(np.float64) / q32.astype(np.float64).sum(axis=1, keepdims=True)
         nxt = set()
         for i, path in enumerate(level_paths):
