@@ -165,7 +165,7 @@ def test_head_benchmark_tiny(tmp_path):
     assert all(r["tau"] >= 1.0 and r["tokens_per_s"] > 0 for r in report["rows"])
     assert 0.0 <= report["alpha"]["head"] <= 1.0 and 0.0 <= report["alpha"]["draft"] <= 1.0
     assert all(report["step_ms"][k] > 0 for k in ("draft", "head", "target"))
-    assert set(report["headline"]["head_tau"]) == {"1"}
+    assert set(report["headline"]["head_tau"]) == {"1"} and set(report["headline"]["head_draft_tau"]) == {"1"}
     assert "| 1 | 1 | chain:4 |" in benchmark_module("head").table(report)
 
 

@@ -228,16 +228,19 @@ def _measure(cfg, target, draft, head, batch, prompts, temp) -> list[dict]:
 
 
 def headline(report: dict) -> dict:
-    """Batch 1, :data:`HEADLINE_TREE`: per temperature, the head's and the draft's tau and
-    speedup (``{temperature: value}`` dicts), and the one-step alphas."""
-    out = {"head_tau": {}, "draft_tau": {}, "head_speedup": {}, "draft_speedup": {},
-           "alpha_head": report["alpha"]["head"], "alpha_draft": report["alpha"]["draft"]}
+    """Batch 1, :data:`HEADLINE_TREE`: per temperature (``{"0": value, "1": value}``), the
+    head's and the draft model's tau (``head_tau``, ``head_draft_tau``) and speedup over
+    target-only (``head_speedup``, ``head_draft_speedup``); and the one-step alphas
+    (``head_alpha``, ``head_draft_alpha``)."""
+    out = {"head_tau": {}, "head_draft_tau": {}, "head_speedup": {}, "head_draft_speedup": {},
+           "head_alpha": report["alpha"]["head"], "head_draft_alpha": report["alpha"]["draft"]}
     for r in report["rows"]:
         if r["batch"] != 1 or r["tree"] != HEADLINE_TREE:
             continue
         t = f"{r['temperature']:g}"
-        out[f"{r['drafter']}_tau"][t] = r["tau"]
-        out[f"{r['drafter']}_speedup"][t] = r["speedup"]
+        key = "head" if r["drafter"] == "head" else "head_draft"
+        out[f"{key}_tau"][t] = r["tau"]
+        out[f"{key}_speedup"][t] = r["speedup"]
     return out
 
 

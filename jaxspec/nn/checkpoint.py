@@ -167,8 +167,10 @@ ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
 
 # ----------------------------------------------------------------------------- names
 def embedded_models() -> list[str]:
-    """Names of the models shipped inside the package (sorted)."""
-    return ["default-draft", "default-target"]
+    """Names of the models shipped inside the package (sorted): the default target, its
+    draft model and its feature draft head (``default-head``: :func:`load_draft` or
+    :func:`~jaxspec.nn.head.load_head`)."""
+    return ["default-draft", "default-head", "default-target"]
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
