@@ -46,49 +46,94 @@ def test_features_are_the_lm_heads_input(models):
     np.testing.assert_allclose(np.asarray(feats), np.asarray(f), atol=1e-5)
 
 
-def test_round_state_matches_teacher_forcing(models):
-    """The head's law at every step of two rounds equals the head run on the whole
-    sequence at once (teacher forcing, the training path): after the prompt, at a
-    drafted node (which reads its parent's *predicted* feature), and after a commit of
-    two accepted nodes plus the extra token (pending pairs of the target's features)."""
+def _reference_law(target, head, history, path):
+    """The head's law after ``history`` (ending with the round's root) and the drafted
+    ``path``, by teacher forcing on the whole sequence: positions up to the root read the
+    target's features, each drafted position the head's own prediction before it."""
+    root = len(history) - 1
+    seq = jnp.asarray([list(history) + list(path)], jnp.int32)
+    feats = forward_features(target, seq)
+    for k in range(len(path)):
+        feats = feats.at[:, root + k].set(head.teacher_forced(target, seq, feats)[:, root + k])
+    return _law(target, head.teacher_forced(target, seq, feats)[:, root + len(path)])
+
+
+def _path(tree, node):
+    """Node indices from the root's child down to ``node`` (-1: the root, an empty path)."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = int(tree.parents_array[node])
+    return out[::-1]
+
+
+# per row: the accepted nodes of round 1 (a path of the tree, -1 padded to depth)
+ACCEPTED = {"chain:3": [[0, 1, -1], [-1, -1, -1], [0, 1, 2]],  # 2 nodes, none, all (ends at the deepest level)
+            "branch:2,1,1": [[1, 3, -1], [0, 2, 4], [-1, -1, -1]]}  # sibling 1's branch, a deepest-level end
+
+
+@pytest.mark.parametrize("tree_spec", list(ACCEPTED))
+def test_every_drafted_law_matches_teacher_forcing_over_two_rounds(models, tree_spec):
+    """A ragged batch (prompts of 5, 1 and 2 tokens) over two rounds: every forwarded row of
+    the head's law (root, and nodes reading predicted features) equals teacher forcing on
+    the row's whole sequence, in the first round and after a commit of paths of every
+    length (none; a branch that is not the first sibling's; one ending at the deepest level,
+    whose slots the first round never rewrote); a finished row keeps its whole state."""
     target, head = models
-    prompt = [3, 1, 4, 1, 5]
-    toks = jnp.asarray([prompt], jnp.int32)
-    tree = resolve_tree("chain:3")
-    w = tree.depth + 1
-    tfeats, _ = prefill(target, toks, jnp.asarray([4]), 32, features=True)
-    st = start_head(head, target, tfeats, toks, jnp.asarray([4]), 32, w)
-    keys = jax.random.split(jax.random.key(0), 1)
-    nodes, q, st2 = propose_head(head, target, st, keys, tree, "iid", Warp(None, None), 1.0)
-    nodes = [int(x) for x in np.asarray(nodes)[0]]
+    tree = resolve_tree(tree_spec)
+    w, n, b = tree.depth + 1, tree.num_nodes, 3
+    forwarded = tree.levels[-1][0] + 1  # rows [root] + nodes above the deepest level
+    prompts = [[3, 1, 4, 1, 5], [9], [2, 6]]
+    lens = np.asarray([len(p) for p in prompts])
+    toks = jnp.asarray([p + [0] * (5 - len(p)) for p in prompts], jnp.int32)
+    tfeats, _ = prefill(target, toks, jnp.asarray(lens - 1), 32, features=True)
+    st = start_head(head, target, tfeats, toks, jnp.asarray(lens - 1), 32, w)
+    keys = jax.random.split(jax.random.key(0), b)
+    warp = Warp(None, None)
+    nodes, q, st2 = propose_head(head, target, st, keys, tree, "iid", warp, 1.0)
+    nodes = np.asarray(nodes)
+    for r in range(b):
+        for row in range(forwarded):
+            path = [int(nodes[r, j]) for j in _path(tree, row - 1)]
+            np.testing.assert_allclose(np.asarray(q)[r, row], _reference_law(target, head, prompts[r], path),
+                                       atol=2e-5, err_msg=f"round 1, batch row {r}, tree row {row}")
 
-    seq = jnp.asarray([prompt + nodes], jnp.int32)
-    true_f = forward_features(target, seq)
-    ref = head.teacher_forced(target, seq, true_f)  # [1, 8, D]
-    np.testing.assert_allclose(np.asarray(q)[0, 0], _law(target, ref[:, 4]), atol=1e-5)  # after the root
-    # node 0 (position 5) reads the head's own prediction at 4, not the target's feature
-    mixed = true_f.at[:, 4].set(ref[:, 4])
-    ref1 = head.teacher_forced(target, seq, mixed)
-    np.testing.assert_allclose(np.asarray(q)[0, 1], _law(target, ref1[:, 5]), atol=1e-5)
+    # the target accepts ACCEPTED[r] and draws an extra token; its verification features of
+    # [root] + the path are its features of the committed sequence (other rows: noise)
+    acc = np.asarray(ACCEPTED[tree_spec], np.int32)
+    extra = [7, 11, 13]
+    verify = np.array(jax.random.normal(jax.random.key(9), (b, n + 1, 16)), np.float32)
+    res_tokens = np.full((b, n + 1), -1, np.int32)
+    histories, num = [], []
+    for r in range(b):
+        path = [int(nodes[r, j]) for j in acc[r] if j >= 0]
+        hist = prompts[r] + path + [extra[r]]
+        f = np.asarray(forward_features(target, jnp.asarray([hist], jnp.int32)))[0]
+        root = len(prompts[r]) - 1
+        rows = [0] + [int(j) + 1 for j in acc[r] if j >= 0]
+        verify[r, rows] = f[root : root + len(rows)]
+        res_tokens[r, : len(path) + 1] = path + [extra[r]]
+        histories.append(hist)
+        num.append(len(path) + 1)
+    active = jnp.asarray([True, True, True])
+    st3 = commit_head(st2, jnp.asarray(verify), jnp.asarray(res_tokens), jnp.asarray(acc), jnp.asarray(num), active)
+    np.testing.assert_array_equal(np.asarray(st3.cache.lengths), lens)  # L + 1 = the old root's position + 1
+    np.testing.assert_array_equal(np.asarray(st3.count), num)
+    nodes2, q2, _ = propose_head(head, target, st3, keys, tree, "iid", warp, 1.0)
+    nodes2 = np.asarray(nodes2)
+    for r in range(b):
+        for row in range(forwarded):
+            path = [int(nodes2[r, j]) for j in _path(tree, row - 1)]
+            np.testing.assert_allclose(np.asarray(q2)[r, row], _reference_law(target, head, histories[r], path),
+                                       atol=2e-5, err_msg=f"round 2, batch row {r}, tree row {row}")
 
-    # the target accepts nodes 0 and 1 and draws the extra token 9: the verification
-    # features of [root, node 0, node 1] are the target's at positions 4, 5, 6
-    extra = 9
-    seq2 = jnp.asarray([prompt + nodes[:2] + [extra]], jnp.int32)
-    f2 = forward_features(target, seq2)
-    verify_feats = jnp.concatenate([f2[:, 4:7], jnp.zeros((1, 1, 16))], axis=1)  # [1, N + 1, D]
-    res_tokens = jnp.asarray([[nodes[0], nodes[1], extra, -1]], jnp.int32)
-    st3 = commit_head(st2, verify_feats, res_tokens, jnp.asarray([[0, 1, -1]], jnp.int32), jnp.asarray([3]),
-                      jnp.asarray([True]))
-    assert int(st3.cache.lengths[0]) == 5 and int(st3.count[0]) == 3
-    _, q3, _ = propose_head(head, target, st3, keys, tree, "iid", Warp(None, None), 1.0)
-    ref2 = head.teacher_forced(target, seq2, f2)
-    np.testing.assert_allclose(np.asarray(q3)[0, 0], _law(target, ref2[:, 7]), atol=1e-5)
-
-    # a finished row keeps its state
-    st4 = commit_head(st2, verify_feats, res_tokens, jnp.asarray([[0, 1, -1]], jnp.int32), jnp.asarray([3]),
-                      jnp.asarray([False]))
-    assert int(st4.cache.lengths[0]) == 4 and int(st4.count[0]) == 1
+    done = commit_head(st2, jnp.asarray(verify), jnp.asarray(res_tokens), jnp.asarray(acc), jnp.asarray(num),
+                       jnp.asarray([False, True, False]))
+    for field in ("feats", "toks", "count"):
+        kept, moved, old = (np.asarray(getattr(x, field)) for x in (done, st3, st2))
+        np.testing.assert_array_equal(kept[[0, 2]], old[[0, 2]])
+        np.testing.assert_array_equal(kept[1], moved[1])
+    np.testing.assert_array_equal(np.asarray(done.cache.lengths), [lens[0] - 1, lens[1], lens[2] - 1])
 
 
 @pytest.mark.parametrize("tree", ["chain:4", "branch:2,2,1"])

@@ -245,8 +245,10 @@ def speculative_program(
     cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
 ) -> GenerateResult:
     """The function :func:`generate` compiles for ``cfg`` (un-jitted; :func:`compiled`
-    jits it): prefill both caches, then :func:`~jaxspec.decode.round.speculative_round`
-    in a ``lax.while_loop`` until every row has ended."""
+    jits it): prefill both caches (a feature head: the target's, whose prompt features the
+    head then reads; an n-gram draft: none), then
+    :func:`~jaxspec.decode.round.speculative_round` in a ``lax.while_loop`` until every row
+    has ended."""
     target = nnx.merge(cfg.target_def, target_state)
     ngram = isinstance(cfg.draft_def, NgramDraft)
     draft = cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)

@@ -15,8 +15,9 @@ State between rounds (:class:`HeadState`), for row b with ``L`` committed target
 ``W = depth + 1``, the most tokens a round commits. A round forwards:
 
 * level 0: the ``W`` pending pairs at slots ``Lh ..`` (``count`` of them real; the padding
-  writes junk past the root's slot ``L``, which the nodes' forwards overwrite and no valid
-  query reads). The output at the root, the predicted feature at ``L``, gives the law of
+  writes junk past the root's slot ``L``, which no valid query reads: the nodes' forwards
+  overwrite it before a descendant attends to it, and the next round's level 0 rewrites every
+  slot from ``L + 1`` on). The output at the root, the predicted feature at ``L``, gives the law of
   the root's children;
 * level d (1 <= d < D): the depth-d nodes, each pair (its parent's predicted feature, its
   token) at slot ``L + 1 + j`` under the tree mask (prefix, root, ancestors);

@@ -108,8 +108,9 @@ class RoundParts:
                  with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
                  checks; vmapped over rows).
     commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
-                 the target and the draft cache: which slots are kept, and so where the
-                 next round's root is written.
+                 the target's cache and a draft model's (a feature head keeps its own
+                 state, :func:`~jaxspec.decode.head_draft.commit_head`): which slots are
+                 kept, and so where the next round's root is written.
     """
 
     verify_mask: Callable = tree_verify_mask
@@ -205,7 +206,7 @@ def speculative_round(
     n = tree.num_nodes
     split = jax.vmap(jax.random.split)(keys)  # [B, 2]
     k_draft, k_acc = split[:, 0], split[:, 1]
-    lengths = state.tcache.lengths  # [B] (== state.dcache.lengths)
+    lengths = state.tcache.lengths  # [B] (== a draft model's cache lengths; a head's are L - count + 1)
     dynamic = isinstance(tree, DynamicTree)
     ngram = isinstance(draft, NgramDraft)
     head = isinstance(draft, FeatureHead)
