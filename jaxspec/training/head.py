@@ -71,6 +71,8 @@ from jaxspec.training.train import (
     TrainResult,
     find_checkpoint,
     fit,
+    kl_per_position,
+    overlap_per_position,
     validation_windows,
     write_summary,
 )
@@ -99,13 +101,6 @@ def head_params(head: FeatureHead) -> int:
 
 
 # ----------------------------------------------------------------------------- losses
-def _kl(target_logits: jax.Array, head_logits: jax.Array) -> jax.Array:
-    """KL(softmax(target) || softmax(head)) per position: [B, T, V] x2 -> [B, T]."""
-    lp = jax.nn.log_softmax(target_logits.astype(jnp.float32), axis=-1)
-    lq = jax.nn.log_softmax(head_logits.astype(jnp.float32), axis=-1)
-    return jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
-
-
 def _smooth_l1(pred: jax.Array, feats: jax.Array) -> jax.Array:
     """Smooth L1 (beta = 1; Huber with delta 1) averaged over the feature axis: [B, T, D] -> [B, T]."""
     return jnp.mean(optax.huber_loss(pred.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), axis=-1)
@@ -139,7 +134,7 @@ class HeadLoss:
             u = jax.random.uniform(_noise_key(self.seed, batch), feats.shape, jnp.float32, -self.noise, self.noise)
             inputs = feats + u
         pred = head.teacher_forced(target, x, inputs)  # [B, T, D]
-        loss = jnp.mean(_kl(tl, target.unembed(pred)))
+        loss = jnp.mean(kl_per_position(tl, target.unembed(pred)))
         if self.feature_weight > 0:
             loss = loss + self.feature_weight * jnp.mean(_smooth_l1(pred, feats))
         return loss
@@ -152,11 +147,10 @@ def _eval_head(head: FeatureHead, target: Transformer, batch: jax.Array):
     tl = target.unembed(feats)
     pred = head.teacher_forced(target, x, feats)
     hl = target.unembed(pred)
-    p, q = jax.nn.softmax(tl, axis=-1), jax.nn.softmax(hl, axis=-1)
     return (
         jnp.sum(_smooth_l1(pred, feats)),
-        jnp.sum(_kl(tl, hl)),
-        jnp.sum(jnp.sum(jnp.minimum(p, q), axis=-1)),
+        jnp.sum(kl_per_position(tl, hl)),
+        jnp.sum(overlap_per_position(tl, hl)),
         jnp.sum(optax.softmax_cross_entropy_with_integer_labels(hl, batch[:, 1:])),
     )
 

@@ -62,6 +62,8 @@ from jaxspec.nn.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from jaxspec.training.corpus import BatchSampler, Corpus, eval_windows, load_corpus
 
 __all__ = [
+    "kl_per_position",
+    "overlap_per_position",
     "PRESETS",
     "TrainConfig",
     "TrainResult",
@@ -201,14 +203,14 @@ def _token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, T]
 
 
-def _kl(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
+def kl_per_position(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
     """KL(softmax(target) || softmax(draft)) per position: [B, T, V] x2 -> [B, T]."""
     lp = jax.nn.log_softmax(target_logits.astype(jnp.float32), axis=-1)
     lq = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
     return jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
 
 
-def _overlap(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
+def overlap_per_position(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
     """sum_v min(p, q) per position (acceptance probability at temperature 1)."""
     p = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
     q = jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
@@ -225,8 +227,8 @@ def _eval_pair(target: Transformer, draft: Transformer, batch: jax.Array):
     tl = forward_logits(target, batch[:, :-1])
     dl = forward_logits(draft, batch[:, :-1])
     return (
-        jnp.sum(_kl(tl, dl)),
-        jnp.sum(_overlap(tl, dl)),
+        jnp.sum(kl_per_position(tl, dl)),
+        jnp.sum(overlap_per_position(tl, dl)),
         jnp.sum(_token_nll(dl, batch[:, 1:])),
     )
 
@@ -581,7 +583,7 @@ class _DistillLoss:
         target = nnx.merge(self.target_graphdef, target_params)
         x = batch[:, :-1]  # [B, T]
         tl = jax.lax.stop_gradient(forward_logits(target, x))  # [B, T, V]
-        return jnp.mean(_kl(tl, forward_logits(draft, x)))
+        return jnp.mean(kl_per_position(tl, forward_logits(draft, x)))
 
 
 def _model_digest(model: Transformer) -> str:
