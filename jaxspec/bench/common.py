@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import jax
+import numpy as np
 
 __all__ = [
     "SIZES",
@@ -147,6 +148,26 @@ def interleaved_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, 
             outs[k] = jax.block_until_ready(f(i))
             times[k].append(time.perf_counter() - t0)
     return times, outs
+
+
+def tallied_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict, dict]:
+    """:func:`interleaved_turns` of generation calls (``fn(i)`` returns a
+    :class:`~jaxspec.GenerateResult`), also summing over the timed calls (not the warm-up)
+    each one's tokens and target calls: ``(turns, outputs, {name: [tokens, target_calls]})``,
+    so that tau is taken over every timed call."""
+    totals = {k: [0, 0] for k in fns}
+
+    def tally(name, fn):
+        def f(i):
+            out = fn(i)
+            if i >= 0:
+                totals[name][0] += int(np.asarray(out.lengths).sum())
+                totals[name][1] += int(np.asarray(out.target_calls).sum())
+            return out
+        return f
+
+    turns, outs = interleaved_turns({k: tally(k, f) for k, f in fns.items()}, repeats)
+    return turns, outs, totals
 
 
 def medians(turns: Mapping[str, list[float]]) -> dict[str, float]:

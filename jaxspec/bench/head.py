@@ -192,18 +192,7 @@ def _measure(cfg, target, draft, head, batch, prompts, temp) -> list[dict]:
                 return gen.generate(jax.random.key(2000 + i), target, model, prompts, max_new_tokens=m, tree=spec,
                                     temperature=temp, stop_tokens=())
             fns[f"{kind} {spec}"] = sp
-    totals = {k: [0, 0] for k in fns}
-
-    def tally(name, fn):
-        def f(i):
-            out = fn(i)
-            if i >= 0:
-                totals[name][0] += int(np.asarray(out.lengths).sum())
-                totals[name][1] += int(np.asarray(out.target_calls).sum())
-            return out
-        return f
-
-    turns, outs = common.interleaved_turns({k: tally(k, f) for k, f in fns.items()}, cfg.repeats)
+    turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
     sec = common.medians(turns)
     ar_tokens = int(np.asarray(outs["target-only"].lengths).sum())
     ar_tps = ar_tokens / sec["target-only"]
