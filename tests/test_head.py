@@ -136,6 +136,35 @@ def test_every_drafted_law_matches_teacher_forcing_over_two_rounds(models, tree_
     np.testing.assert_array_equal(np.asarray(done.cache.lengths), [lens[0] - 1, lens[1], lens[2] - 1])
 
 
+def test_unrolled_depths_are_the_drafted_laws(models):
+    """``FeatureHead.unrolled`` (training's forward of draft depths 1..S over a whole
+    sequence in parallel) against drafting a chain with the head's cache
+    (``propose_head``), on a ragged batch: with the sequence taken to be the prompt plus the
+    drafted chain, depth k + 1 at the root's position + k is the law of tree row k."""
+    target, head = models
+    tree = resolve_tree("chain:4")
+    prompts = [[3, 1, 4, 1, 5, 9], [2], [6, 5, 3]]
+    lens = np.asarray([len(p) for p in prompts])
+    toks = jnp.asarray([p + [0] * (6 - len(p)) for p in prompts], jnp.int32)
+    tfeats, _ = prefill(target, toks, jnp.asarray(lens - 1), 32, features=True)
+    st = start_head(head, target, tfeats, toks, jnp.asarray(lens - 1), 32, tree.depth + 1)
+    keys = jax.random.split(jax.random.key(4), 3)
+    nodes, q, _ = propose_head(head, target, st, keys, tree, "iid", Warp(None, None), 1.0)
+    for r, prompt in enumerate(prompts):
+        seq = jnp.asarray([prompt + [int(t) for t in np.asarray(nodes)[r]]], jnp.int32)  # prompt + chain
+        preds = head.unrolled(target, seq, forward_features(target, seq), tree.depth + 1)  # [S, 1, T, D]
+        root = len(prompt) - 1
+        for k in range(tree.depth):  # row k: after k drafted tokens; the deepest node's law is never used
+            np.testing.assert_allclose(_law(target, preds[k][:, root + k]), np.asarray(q)[r, k], atol=2e-5,
+                                       err_msg=f"batch row {r}, depth {k + 1}")
+    # depth 1 is teacher forcing; a deeper depth is not (it reads predicted features)
+    seq = jnp.asarray([prompts[0]], jnp.int32)
+    f = forward_features(target, seq)
+    preds = head.unrolled(target, seq, f, 3)
+    np.testing.assert_array_equal(np.asarray(preds[0]), np.asarray(head.teacher_forced(target, seq, f)))
+    assert not np.allclose(np.asarray(preds[1][:, 2:]), np.asarray(preds[0][:, 2:]), atol=1e-3)
+
+
 @pytest.mark.parametrize("tree", ["chain:4", "branch:2,2,1"])
 def test_greedy_equality_on_a_ragged_batch(models, tree):
     """At temperature 0 a head-drafted generation is greedy target decoding, for prompts of
@@ -235,7 +264,9 @@ def test_cli_generate_with_a_head_equals_the_baseline_at_temperature_0(saved, ca
     flags = ["generate", "--target", t, "--prompt", "def f(", "--temperature", "0", "--max-new-tokens", "12",
              "--json", "--no-compile-cache"]
     assert main([*flags, "--draft", h]) == 0
-    spec = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    spec = json.loads(cap.out)
+    assert "weight digest" not in cap.err  # the head was trained on (saved with) this target
     assert main([*flags, "--baseline"]) == 0
     base = json.loads(capsys.readouterr().out)
     assert spec["tokens"] == base["tokens"] and spec["draft"] == h
@@ -254,3 +285,25 @@ def test_cli_verify_with_a_head(saved, capsys):
                  "--top-k", "4", "--tree", "chain:2", "--json", "--no-progress", "--no-compile-cache"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["passed"], report
+
+
+def test_a_head_saved_for_another_target_is_warned_about(saved, tmp_path, capsys):
+    """The CLI's check of the digest a head folder records against the target it drafts for:
+    silent for its own target and for a folder that records none, a warning naming both
+    digests for another target of the same shape."""
+    from jaxspec.cli.common import warn_if_head_for_another_target
+    from jaxspec.nn.head import recorded_target_digest, target_digest
+
+    t, h = saved
+    target = load_model(t)
+    assert recorded_target_digest(h) == target_digest(target)
+    assert not warn_if_head_for_another_target("--draft", h, target, t)
+    other, _ = tiny_pair(5, vocab_size=264, hidden_size=16, num_heads=2)
+    assert warn_if_head_for_another_target("--draft", h, other, "other-target")
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: --draft {h} was trained on a target with weight digest {target_digest(target)}")
+    assert f"the target other-target has digest {target_digest(other)}" in err and "lossless" in err
+    save_head(load_head(h), tmp_path / "bare")  # no target given: no digest recorded
+    assert recorded_target_digest(tmp_path / "bare") is None
+    assert not warn_if_head_for_another_target("--draft", str(tmp_path / "bare"), other, "other-target")
+    assert capsys.readouterr().err == ""

@@ -21,7 +21,7 @@ from jaxspec import cli
 from jaxspec.nn.checkpoint import save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import head_config, load_head, target_digest
-from jaxspec.nn.model import init_model
+from jaxspec.nn.model import forward_features, init_model
 from jaxspec.training.corpus import load_corpus
 from jaxspec.training.head import HeadLoss, evaluate_head, head_params, train_head
 from jaxspec.training.train import (
@@ -120,6 +120,47 @@ def test_objective_matches_the_evaluation(trained, target, corpus):
     assert float(HeadLoss(tg, 2.5, 0.05, 0)(r.model, batch, tp)) != pytest.approx(loss, rel=1e-6)  # noisy inputs
 
 
+def test_unrolled_objective_is_the_mean_over_depths(trained, target, corpus):
+    """With ``unroll = S`` the loss (noise 0) is the mean of the per-depth objectives, which
+    evaluate_head reports through ``val_loss``; depth 1 alone is the unroll-1 objective, and
+    the per-depth alphas are the overlap at the positions each depth reaches."""
+    _, r = trained
+    batch = jnp.asarray(validation_windows(corpus, CFG)[: CFG.batch_size])
+    tg, tp = nnx.split(target)
+    ev1 = evaluate_head(r.model, target, np.asarray(batch), batch_size=CFG.batch_size)
+    ev3 = evaluate_head(r.model, target, np.asarray(batch), batch_size=CFG.batch_size, unroll=3)
+    assert float(HeadLoss(tg, 1.0, 0.0, 0, 3)(r.model, batch, tp)) == pytest.approx(ev3["val_loss"], rel=1e-4)
+    for k in ("alpha", "val_kl", "val_feature_loss", "val_nll"):  # depth 1 is unchanged by unroll
+        assert ev3[k] == pytest.approx(ev1[k], rel=1e-6)
+    assert set(ev3) - set(ev1) == {"alpha_depth_2", "alpha_depth_3"} and "alpha_depth_2" not in ev1
+    # by hand: depth 2 reads the head's depth-1 predictions, at positions p >= 1
+    x = batch[:, :-1]
+    feats = forward_features(target, x)
+    tl = target.unembed(feats)
+    preds = r.model.unrolled(target, x, feats, 2)
+    p2 = jax.nn.softmax(target.unembed(preds[1]), axis=-1)
+    overlap = np.asarray(jnp.sum(jnp.minimum(jax.nn.softmax(tl, axis=-1), p2), axis=-1))[:, 1:]
+    assert ev3["alpha_depth_2"] == pytest.approx(float(overlap.mean()), rel=1e-5)
+    assert ev3["alpha_depth_2"] != pytest.approx(ev3["alpha"], rel=1e-3)
+
+
+def test_unrolled_training_improves_the_deeper_depths(trained, target, corpus, tmp_path):
+    """The same run with ``unroll = 3``: its depth-2 and depth-3 acceptance (evaluated the
+    same way for both heads) beats the unroll-1 head's."""
+    _, r1 = trained
+    r3 = train_head(target, CFG, tmp_path, corpus=corpus, progress=False, unroll=3)
+    last = r3.history[-1]
+    assert {"alpha_depth_2", "alpha_depth_3"} <= set(last)
+    assert json.loads((tmp_path / "summary.json").read_text())["unroll"] == 3
+    val = validation_windows(corpus, CFG)
+    ev1 = evaluate_head(r1.model, target, val, unroll=3)
+    assert last["alpha_depth_3"] == pytest.approx(evaluate_head(r3.model, target, val, unroll=3)["alpha_depth_3"],
+                                                  rel=1e-5)
+    assert last["alpha_depth_2"] > ev1["alpha_depth_2"] and last["alpha_depth_3"] > ev1["alpha_depth_3"]
+    with pytest.raises(ValueError, match=r"unroll = 2 now but 3 in the checkpoint"):
+        train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True, unroll=2)
+
+
 def test_resume_equals_uninterrupted(trained, target, corpus, tmp_path):
     from jaxspec.training.train import _train_step
 
@@ -173,6 +214,10 @@ def test_diverging_lr_raises_and_writes_no_final(target, corpus, tmp_path):
     ({"feature_weight": -1.0}, "train_head: feature_weight = -1.0; expected a finite number >= 0"),
     ({"noise": float("nan")}, "train_head: noise = nan; expected a finite number >= 0"),
     ({"stop_at": 0}, "train_head: stop_at = 0; expected a positive integer or None"),
+    ({"unroll": 0}, "train_head: unroll = 0; expected an integer from 1 to 8"),
+    ({"unroll": 2.0}, "train_head: unroll = 2.0; expected an integer from 1 to 8"),
+    ({"config": dataclasses.replace(CFG, seq_len=4), "unroll": 5},
+     "train_head: unroll = 5; expected <= TrainConfig.seq_len = 4"),
 ])
 def test_bad_inputs_name_the_argument(kwargs, message, target, corpus, tmp_path):
     args = {"target": target, "config": CFG, **kwargs}
@@ -212,6 +257,8 @@ def test_cli_stop_resume_and_head_flags(target_folder, tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
     assert cli.main([*base, "--resume", "--noise", "0"]) == 2
     assert "--noise = 0.0 now but 0.05 in the checkpoint" in capsys.readouterr().err
+    assert cli.main([*base, "--resume", "--unroll", "2"]) == 2
+    assert "--unroll = 2 now but 1 in the checkpoint" in capsys.readouterr().err
     # the head's size flags reach the head config (checked before any training)
     assert cli.main(["train-head", "--target", str(target_folder), *RUN, "--kv-heads", "3", "--out", out + "x"]) == 2
     err = capsys.readouterr().err

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model",
+    "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model", "is_head_flag",
+    "warn_if_head_for_another_target",
     "resolve_scheme", "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
     "utf8_text", "resolve_tokenizer", "check_tokenizer_fits",
 ]
@@ -188,6 +189,28 @@ def is_head_flag(flag: str, name: str) -> bool:
         return is_head_folder(resolve_model_path(name))
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(f"{flag}: {e}") from None
+
+
+def warn_if_head_for_another_target(flag: str, name: str, target, target_name: str) -> bool:
+    """When the feature head ``name`` that ``flag`` gave records the digest of another
+    target than ``target`` (:func:`jaxspec.nn.head.recorded_target_digest`), say so on
+    stderr and return True. Decoding stays lossless with any head that fits the target's
+    width and vocabulary; only its acceptance suffers, so this is a warning, not an error."""
+    import sys
+
+    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.head import recorded_target_digest, target_digest
+
+    recorded = recorded_target_digest(resolve_model_path(name))
+    if recorded is None:
+        return False
+    actual = target_digest(target)
+    if recorded == actual:
+        return False
+    print(f"warning: {flag} {name} was trained on a target with weight digest {recorded}, but the target "
+          f"{target_name} has digest {actual}: decoding stays lossless, but expect a low acceptance (train a head "
+          f"for this target with jaxspec train-head --target {target_name})", file=sys.stderr)
+    return True
 
 
 def resolve_tokenizer(flag: str, name: str):

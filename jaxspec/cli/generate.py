@@ -60,6 +60,7 @@ from jaxspec.cli.common import (
     resolve_tokenizer,
     seed_int,
     utf8_text,
+    warn_if_head_for_another_target,
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
 
@@ -304,6 +305,8 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             draft = None
         else:
             draft = lookup if lookup is not None else load_flag_model("--draft", args.draft, draft=True)
+            if lookup is None and is_head_flag("--draft", args.draft):
+                warn_if_head_for_another_target("--draft", args.draft, target, args.target)
         if draft is not None and lookup is None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(
                 f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the target's "

@@ -101,7 +101,7 @@ def _flag_names(message: str, args) -> str:
     flags.update(model)  # ModelConfig field names are distinctive enough to map bare
     flags.update({f"TrainConfig.{name}": name for name in vars(args)})
     flags["stop_at"] = "stop_at"  # a train() / distill() argument, named bare in their messages
-    for name in ("feature_weight", "noise"):  # train_head() arguments, likewise (train-head only)
+    for name in ("feature_weight", "noise", "unroll"):  # train_head() arguments, likewise (train-head only)
         if hasattr(args, name):
             flags[name] = name
 
@@ -245,7 +245,7 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
 
 @command("train-head", help="train a feature draft head (EAGLE style) on a frozen target")
 def train_head_command(p: argparse.ArgumentParser) -> Handler:
-    from jaxspec.training.head import DEFAULT_FEATURE_WEIGHT, DEFAULT_NOISE
+    from jaxspec.training.head import DEFAULT_FEATURE_WEIGHT, DEFAULT_NOISE, MAX_UNROLL
 
     p.add_argument("--target", default="default-target", help="target model name or folder (default: default-target)")
     g = p.add_argument_group("head size (default: the target's; the width and vocabulary are always the target's)")
@@ -258,6 +258,9 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
                         f"(default: {DEFAULT_FEATURE_WEIGHT})")
     g.add_argument("--noise", type=nonneg_float, default=DEFAULT_NOISE,
                    help=f"half-width of the uniform noise on the input features in training (default: {DEFAULT_NOISE})")
+    g.add_argument("--unroll", type=positive_int, default=1, metavar="S",
+                   help="train draft depths 1..S, depth s reading the head's own depth s-1 predictions as in "
+                        f"drafting (at most {MAX_UNROLL}; default: 1)")
     _add_train_args(p)
 
     def run(args) -> int:
@@ -278,7 +281,7 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
         try:
             r = train_head(target, tc, args.out, head_config=hc, resume=args.resume, corpus=_corpus(args),
                            progress=not args.no_progress, export_dir=args.export, stop_at=args.stop_at,
-                           feature_weight=args.feature_weight, noise=args.noise)
+                           feature_weight=args.feature_weight, noise=args.noise, unroll=args.unroll)
         except TrainingDiverged as e:
             return _diverged("train-head", e, args)
         except ValueError as e:
@@ -288,8 +291,10 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
             raise
         if r.final_dir is None:
             return _stopped(r)
+        last = r.history[-1]
         _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
-                     "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
+                     **{k: v for k, v in last.items() if k.startswith("alpha_depth_")},
+                     "val_kl": last["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
                      "params": head_params(r.model), "model": str(r.final_dir)})
         return 0
 

@@ -47,6 +47,7 @@ __all__ = [
     "check_head_for",
     "target_digest",
     "is_head_folder",
+    "recorded_target_digest",
     "save_head",
     "load_head",
 ]
@@ -112,14 +113,41 @@ class FeatureHead(nnx.Module):
         features ``float32[B, T, D]`` at those tokens -> the head's prediction of each
         position's feature ``float32[B, T, D]``, position p reading ``feats[:, p - 1]``
         (zeros at p = 0) under a causal mask."""
+        return self.unrolled(target, tokens, feats, 1)[0]
+
+    def unrolled(self, target: Transformer, tokens, feats, steps: int) -> jax.Array:
+        """The head's predictions at draft depths ``1 .. steps`` along the true sequence, each
+        computed as drafting computes it: ``float32[steps, B, T, D]``.
+
+        Depth 1 is :meth:`teacher_forced`. At depth ``s`` position p reads the depth ``s - 1``
+        prediction at ``p - 1`` (in drafting, a drafted node reads its parent's predicted
+        feature) and attends to what the head's cache holds when it drafts that node: the
+        entries of true pairs at ``j <= p - s + 1`` (written when the round forwarded the
+        target's features) and the drafted entries of its ancestors, depth ``k`` at
+        ``j = p - s + k`` for ``k = 2 .. s`` (itself at ``k = s``). So every depth is one
+        forward over the sequence with its K/V kept for the deeper ones, EAGLE-3's
+        "training-time test". Positions ``p < s - 1`` have fewer than ``s - 1`` true
+        predecessors, so a chain of that depth cannot reach them in drafting; their rows are
+        computed but mean nothing (training and evaluation leave them out)."""
         b, t = tokens.shape
-        prev = jnp.concatenate([jnp.zeros_like(feats[:, :1]), feats[:, :-1]], axis=1)  # [B, T, D]
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))
-        x = self.inputs(target, prev, tokens)
+        i = jnp.arange(t)
         layer = self.layers[0]
-        q, k, v = layer.project(x, positions)
-        return self.norm(layer.finish(x, q, k, v, mask))
+        ks, vs, preds = [], [], []
+        inputs = feats
+        for s in range(1, steps + 1):
+            prev = jnp.concatenate([jnp.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)  # [B, T, D]
+            x = self.inputs(target, prev, tokens)
+            q, k, v = layer.project(x, positions)
+            ks.append(k)
+            vs.append(v)
+            blocks = [i[None, :] <= i[:, None] - (s - 1)]  # true pairs, [T, T]
+            blocks += [i[None, :] == i[:, None] - (s - k) for k in range(2, s + 1)]  # the ancestors and itself
+            mask = jnp.broadcast_to(jnp.concatenate(blocks, axis=1), (b, t, s * t))  # [B, T, s*T]
+            pred = self.norm(layer.finish(x, q, jnp.concatenate(ks, axis=1), jnp.concatenate(vs, axis=1), mask))
+            preds.append(pred)
+            inputs = pred
+        return jnp.stack(preds)
 
 
 def init_head(config: ModelConfig, key: jax.Array) -> FeatureHead:
@@ -164,6 +192,14 @@ def is_head_folder(path: str | os.PathLike) -> bool:
         return HEAD_KEY in json.loads(cfg.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return False
+
+
+def recorded_target_digest(path: str | os.PathLike) -> str | None:
+    """The :func:`target_digest` of the target the head in folder ``path`` was trained on,
+    as :func:`save_head` recorded it; None when the folder records none."""
+    meta = json.loads((Path(path) / "config.json").read_text())
+    digest = meta.get("target_digest")
+    return digest if isinstance(digest, str) else None
 
 
 def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transformer | None = None,

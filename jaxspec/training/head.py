@@ -37,15 +37,26 @@ is of that order at its sequence lengths). The noise is drawn from a key folded 
 ``TrainConfig.seed`` and the batch's tokens, so a resumed run draws the same noise.
 Evaluation uses no noise.
 
+``unroll`` (default 1): from draft depth 2 on the head reads its own predicted feature,
+not the target's. With ``unroll = S`` the objective is the mean over depths ``s = 1 .. S``
+of the per-position objective above at depth s, the head computing depth s from its own
+depth ``s - 1`` predictions and attending to what its cache holds when it drafts that
+depth (:meth:`~jaxspec.nn.head.FeatureHead.unrolled`; EAGLE-3's training-time test,
+gradients flowing through the earlier depths). The noise is on the true input features
+only. ``unroll = 1`` is the objective above.
+
 Held-out evaluation (teacher forced, the target's true features as inputs, every position
 of ``eval_windows`` windows): ``alpha`` = mean ``sum_v min(p, q)`` (p the target's law, q
 the head's), ``val_kl``, ``val_feature_loss`` (smooth L1), ``val_loss`` (the objective,
-noise-free) and ``val_nll`` (the head law's cross entropy on the next byte), nats/byte.
+noise-free) and ``val_nll`` (the head law's cross entropy on the next byte), nats/byte;
+with ``unroll >= 2`` also ``alpha_depth_s`` for ``s = 2 .. unroll``, the acceptance at draft
+depth s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -77,10 +88,11 @@ from jaxspec.training.train import (
     write_summary,
 )
 
-__all__ = ["DEFAULT_FEATURE_WEIGHT", "DEFAULT_NOISE", "HeadLoss", "HeadResult", "evaluate_head", "head_params",
+__all__ = ["DEFAULT_FEATURE_WEIGHT", "DEFAULT_NOISE", "HeadLoss", "HeadResult", "MAX_UNROLL", "evaluate_head", "head_params",
            "train_head"]
 
 KIND = "train-head"
+MAX_UNROLL = 8
 DEFAULT_FEATURE_WEIGHT = 1.0
 DEFAULT_NOISE = 0.05
 
@@ -114,6 +126,22 @@ def _noise_key(seed: int, batch: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), mix)
 
 
+def _depth_weights(steps: int, t: int) -> jax.Array:
+    """``float32[steps, T]``: 1 where depth ``s`` (row ``s - 1``) can reach position p (``p >=
+    s - 1``; :meth:`~jaxspec.nn.head.FeatureHead.unrolled`), else 0."""
+    return (jnp.arange(t)[None, :] >= jnp.arange(steps)[:, None]).astype(jnp.float32)
+
+
+def _depth_terms(target: Transformer, feats, tl, preds) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per depth and position: smooth L1, KL(target || head) and overlap, each ``[S, B, T]``,
+    of predictions ``preds [S, B, T, D]`` against the target's ``feats [B, T, D]`` and logits
+    ``tl [B, T, V]``."""
+    hl = [target.unembed(pr) for pr in preds]  # S x [B, T, V]
+    return (jnp.stack([_smooth_l1(pr, feats) for pr in preds]),
+            jnp.stack([kl_per_position(tl, h) for h in hl]),
+            jnp.stack([overlap_per_position(tl, h) for h in hl]))
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadLoss:
     """The training objective (module docstring); hashable, a static of the jitted step.
@@ -123,6 +151,7 @@ class HeadLoss:
     feature_weight: float
     noise: float
     seed: int
+    unroll: int = 1
 
     def __call__(self, head: FeatureHead, batch: jax.Array, target_params) -> jax.Array:
         target = nnx.merge(self.target_graphdef, target_params)
@@ -133,44 +162,52 @@ class HeadLoss:
         if self.noise > 0:
             u = jax.random.uniform(_noise_key(self.seed, batch), feats.shape, jnp.float32, -self.noise, self.noise)
             inputs = feats + u
-        pred = head.teacher_forced(target, x, inputs)  # [B, T, D]
-        loss = jnp.mean(kl_per_position(tl, target.unembed(pred)))
-        if self.feature_weight > 0:
-            loss = loss + self.feature_weight * jnp.mean(_smooth_l1(pred, feats))
-        return loss
+        preds = head.unrolled(target, x, inputs, self.unroll)  # [S, B, T, D]
+        sl1, kl, _ = _depth_terms(target, feats, tl, preds)  # [S, B, T]
+        per = kl + self.feature_weight * sl1 if self.feature_weight > 0 else kl
+        w = _depth_weights(self.unroll, x.shape[1])[:, None, :]  # [S, 1, T]
+        per_depth = jnp.sum(per * w, axis=(1, 2)) / (jnp.sum(w, axis=(1, 2)) * x.shape[0])  # [S]
+        return jnp.mean(per_depth)
 
 
-@nnx.jit
-def _eval_head(head: FeatureHead, target: Transformer, batch: jax.Array):
+@functools.partial(nnx.jit, static_argnums=3)
+def _eval_head(head: FeatureHead, target: Transformer, batch: jax.Array, depths: int):
+    """Sums over the batch's positions, per depth: ``[S]`` smooth L1, KL, overlap, NLL."""
     x = batch[:, :-1]
     feats = forward_features(target, x)
     tl = target.unembed(feats)
-    pred = head.teacher_forced(target, x, feats)
-    hl = target.unembed(pred)
-    return (
-        jnp.sum(_smooth_l1(pred, feats)),
-        jnp.sum(kl_per_position(tl, hl)),
-        jnp.sum(overlap_per_position(tl, hl)),
-        jnp.sum(optax.softmax_cross_entropy_with_integer_labels(hl, batch[:, 1:])),
-    )
+    preds = head.unrolled(target, x, feats, depths)
+    sl1, kl, overlap = _depth_terms(target, feats, tl, preds)
+    nll = jnp.stack([optax.softmax_cross_entropy_with_integer_labels(target.unembed(pr), batch[:, 1:]) for pr in preds])
+    w = _depth_weights(depths, x.shape[1])[:, None, :]
+    return tuple(jnp.sum(a * w, axis=(1, 2)) for a in (sl1, kl, overlap, nll))
 
 
 def evaluate_head(head: FeatureHead, target: Transformer, windows: np.ndarray, *, batch_size: int = 16,
-                  feature_weight: float = DEFAULT_FEATURE_WEIGHT) -> dict[str, float]:
+                  feature_weight: float = DEFAULT_FEATURE_WEIGHT, unroll: int = 1) -> dict[str, float]:
     """Held-out metrics of ``head`` on ``windows`` (``int32[N, T+1]``; the last token is only
-    a label), teacher forced, means over all ``N * T`` positions: ``alpha``
-    (``sum_v min(p, q)``), ``val_kl``, ``val_feature_loss``, ``val_loss`` (``feature_weight
-    * val_feature_loss + val_kl``) and ``val_nll``."""
-    sums = np.zeros(4)
+    a label), means over positions: ``alpha`` (``sum_v min(p, q)``), ``val_kl``,
+    ``val_feature_loss``, ``val_loss`` and ``val_nll`` at depth 1 (teacher forced on the
+    target's true features, every one of the ``N * T`` positions); ``val_loss`` is the
+    training objective (``feature_weight * val_feature_loss + val_kl``, averaged over depths
+    ``1 .. unroll``). For ``unroll`` >= 2 also ``alpha_depth_s`` for ``s = 2 .. unroll``:
+    the acceptance of the head's law at draft depth s along the true sequence
+    (:meth:`~jaxspec.nn.head.FeatureHead.unrolled`; positions ``p >= s - 1``)."""
+    sums = np.zeros((4, unroll))
     for i in range(0, len(windows), batch_size):
-        sums += np.array([float(v) for v in _eval_head(head, target, jnp.asarray(windows[i : i + batch_size]))])
-    feat, kl, alpha, nll = (float(v) for v in sums / (windows.shape[0] * (windows.shape[1] - 1)))
-    return {"alpha": alpha, "val_kl": kl, "val_feature_loss": feat, "val_loss": feature_weight * feat + kl,
-            "val_nll": nll}
+        out = _eval_head(head, target, jnp.asarray(windows[i : i + batch_size]), unroll)
+        sums += np.stack([np.asarray(v, dtype=np.float64) for v in out])
+    t = windows.shape[1] - 1
+    means = sums / (windows.shape[0] * (t - np.arange(unroll)))  # [4, S]: depth s has T - s + 1 positions
+    feat, kl, alpha, nll = means
+    out = {"alpha": float(alpha[0]), "val_kl": float(kl[0]), "val_feature_loss": float(feat[0]),
+           "val_loss": float(np.mean(feature_weight * feat + kl)), "val_nll": float(nll[0])}
+    out.update({f"alpha_depth_{s}": float(alpha[s - 1]) for s in range(2, unroll + 1)})
+    return out
 
 
 # ----------------------------------------------------------------------------- train_head
-def _check_inputs(target, config, hc, feature_weight, noise, stop_at) -> ModelConfig:
+def _check_inputs(target, config, hc, feature_weight, noise, unroll, stop_at) -> ModelConfig:
     if not isinstance(target, Transformer):
         raise ValueError(f"train_head: target is a {type(target).__name__}; expected a jaxspec Transformer")
     if not isinstance(config, TrainConfig):
@@ -200,6 +237,11 @@ def _check_inputs(target, config, hc, feature_weight, noise, stop_at) -> ModelCo
     for name, v in (("feature_weight", feature_weight), ("noise", noise)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"train_head: {name} = {v!r}; expected a finite number >= 0")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= MAX_UNROLL:
+        raise ValueError(f"train_head: unroll = {unroll!r}; expected an integer from 1 to {MAX_UNROLL} (the draft "
+                         "depths trained on the head's own predicted features)")
+    if unroll > config.seq_len:
+        raise ValueError(f"train_head: unroll = {unroll}; expected <= TrainConfig.seq_len = {config.seq_len}")
     if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at < 1):
         raise ValueError(f"train_head: stop_at = {stop_at!r}; expected a positive integer or None")
     return hc
@@ -218,6 +260,7 @@ def train_head(
     stop_at: int | None = None,
     feature_weight: float = DEFAULT_FEATURE_WEIGHT,
     noise: float = DEFAULT_NOISE,
+    unroll: int = 1,
 ) -> HeadResult:
     """Train a feature draft head for the frozen ``target`` on the corpus (objective, noise
     and metrics: the module docstring).
@@ -231,19 +274,21 @@ def train_head(
     (default ``out_dir/final``) and ``out_dir/summary.json``. ``stop_at``: stop after that
     step with a checkpoint (no export); ``resume=True`` later finishes the same run, which
     must have the same target, corpus, head config, TrainConfig trajectory fields,
-    ``feature_weight`` and ``noise``. A diverging run raises
+    ``feature_weight``, ``noise`` and ``unroll``. ``unroll``: train draft depths ``1 ..
+    unroll`` (module docstring; 1 trains depth 1 only). A diverging run raises
     :class:`~jaxspec.training.train.TrainingDiverged` and exports nothing.
     """
-    hc = _check_inputs(target, config, head_config, feature_weight, noise, stop_at)
+    hc = _check_inputs(target, config, head_config, feature_weight, noise, unroll, stop_at)
     feature_weight, noise = float(feature_weight), float(noise)
     out_dir = Path(out_dir)
-    loss_meta = {"feature_weight": feature_weight, "noise": noise}
+    loss_meta = {"feature_weight": feature_weight, "noise": noise, "unroll": unroll}
     found = find_checkpoint(out_dir / CHECKPOINT_DIR) if resume else None
     if found is not None:  # fit checks the rest; the objective's settings are this trainer's
         stored = json.loads((found / META_FILE).read_text()).get("head_loss")
         for name, v in loss_meta.items():
-            if stored is not None and stored.get(name) != v:
-                raise ValueError(f"resume: {found}: {name} = {v!r} now but {stored.get(name)!r} in the "
+            was = None if stored is None else stored.get(name, 1 if name == "unroll" else None)  # unroll came later
+            if stored is not None and was != v:
+                raise ValueError(f"resume: {found}: {name} = {v!r} now but {was!r} in the "
                                  "checkpoint; expected the checkpoint's value")
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus
@@ -251,13 +296,14 @@ def train_head(
     head = init_head(hc, jax.random.key(config.seed))
 
     def evaluate(h):
-        return evaluate_head(h, target, val, batch_size=config.batch_size, feature_weight=feature_weight)
+        return evaluate_head(h, target, val, batch_size=config.batch_size, feature_weight=feature_weight,
+                             unroll=unroll)
 
     before = evaluate(head)
     tg, tp = nnx.split(target)
     digest = target_digest(target)
     model, history, wall, total, step = fit(
-        kind=KIND, model=head, loss_fn=HeadLoss(tg, feature_weight, noise, config.seed), consts=(tp,),
+        kind=KIND, model=head, loss_fn=HeadLoss(tg, feature_weight, noise, config.seed, unroll), consts=(tp,),
         evaluate=evaluate, cfg=config, corpus=corpus, out_dir=out_dir, resume=resume, progress=progress,
         extra_meta={"target_digest": digest, "head_loss": loss_meta}, stop_at=stop_at,
     )
