@@ -15,7 +15,9 @@ One more default case runs a ragged batch: rows alternate the prompts ``[1, 2]``
 ``[3, 1, 2]`` (different lengths in one batch: per-row cache lengths, positions and
 masks), 2^18 samples per prompt; each group's joint law and marginals are tested against
 that prompt's own exact law (the two laws are 0.057 apart in total variation; at 2^18
-samples the joint test detects a TV of ~0.009 with power 0.9).
+samples the joint test detects a TV of ~0.009 with power 0.9). The same ragged batch runs
+once more under continuous batching (``rows=``): each call's 2^16 prompts through 4096 rows,
+every later prompt starting in a row that another has just left.
 
 Family-wise level 1e-3, Bonferroni over at most NUM_TESTS p-values in this file (all
 cases, slow ones included; the tally is checked below), so each p-value must exceed
@@ -49,8 +51,8 @@ from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 100
-THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~1.4e-5
+NUM_TESTS = 110
+THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~9.1e-6
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
 PROMPT = [1, 2]
@@ -59,6 +61,7 @@ CHUNK = 1 << 16
 MUTANT_SAMPLES = 1 << 16
 RAGGED = ([1, 2], [3, 1, 2])  # row r of the ragged batch: RAGGED[r % 2]
 RAGGED_SAMPLES = 1 << 18  # per prompt
+QUEUE_ROWS = CHUNK // 16  # continuous batching: rows that decode a chunk's CHUNK prompts
 CELL = V ** np.arange(L - 1, -1, -1)  # token triple -> cell index
 TREES = {
     "chain": 2,
@@ -177,7 +180,7 @@ NGRAM_CASES = [("chain", "none"), ("branch", "t0.7_topk3")]
 HEAD_CASES = [("chain", "iid", "none"), ("branch", "without_replacement", "t0.7_topk3")]
 assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES)
              + len(HEAD_CASES))
-        + 4 * len(RAGGED) + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)
+        + 4 * len(RAGGED) * 2 + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)  # ragged: plain and queued
 
 
 @pytest.mark.parametrize(
@@ -264,6 +267,32 @@ def test_generate_ragged_batch_matches_each_prompts_law():
         _check(c, e, f"ragged {p} {tree}/{scheme}/{warp_key}")
 
 
+def test_generate_queue_matches_each_prompts_law():
+    """Continuous batching: each call decodes its CHUNK ragged prompts (rows alternate
+    RAGGED[0], RAGGED[1]) with only QUEUE_ROWS rows, so all but the first QUEUE_ROWS prompts
+    start in a row that another prompt has just left (prefilled into its cache slots inside
+    the loop, after that prompt ended in its first, second or third round). Each group has
+    its own prompt's exact law."""
+    tree, scheme, warp_key = RAGGED_CASE
+    target, draft = _pair()
+    prompts = [RAGGED[r % len(RAGGED)] for r in range(CHUNK)]
+    rounds = []
+
+    def run(key):
+        out = gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
+                           rows=QUEUE_ROWS, **WARPS[warp_key])
+        rounds.append(np.bincount(np.asarray(out.rounds), minlength=L + 1))
+        return out.tokens
+
+    counts = _count(run, seed=7100, num_samples=len(RAGGED) * RAGGED_SAMPLES, groups=len(RAGGED))
+    assert np.all(counts.sum(axis=1) == RAGGED_SAMPLES)
+    spread = np.sum(rounds, axis=0)
+    print(f"queue: prompts that took 1, 2, 3 rounds: {spread[1:].tolist()}")
+    assert spread[0] == 0 and (spread[1:] > 0).all()  # rows ended (and were refilled) after every round count
+    for p, c in zip(RAGGED, counts):
+        _check(c, _exact(warp_key, tuple(p)), f"queue {p} {tree}/{scheme}/{warp_key}")
+
+
 @pytest.mark.parametrize("warp_key", list(WARPS))
 def test_autoregressive_matches_exact_target_law(warp_key):
     """Control: the baseline itself has the exact law."""
@@ -338,6 +367,40 @@ def test_harness_rejects_broken_head_decoders(tree, mutant):
     joint = chisquare_gof(counts, _exact("none"))
     print(f"head mutant {mutant} on {tree}: joint {joint}")
     assert joint.pvalue < MUTANT_THRESH, f"{joint}\n{joint.table()}"
+
+
+# mutants of continuous batching's refill (generate's row replacement, patched for one
+# test): the refilled row keeps the previous prompt's target-cache length, or its root
+QUEUE_MUTANTS = ["keeps-target-length", "keeps-root"]
+
+
+@pytest.mark.parametrize("mutant", QUEUE_MUTANTS)
+def test_harness_rejects_broken_refills(mutant, monkeypatch):
+    """The queue test has power: a refill that keeps one piece of the previous prompt's
+    state is rejected on both prompts' laws together (the smaller p of the two groups)."""
+    real = gen._set_row
+
+    def broken(state, one, row):
+        new = real(state, one, row)
+        if mutant == "keeps-target-length":
+            return new._replace(tcache=new.tcache.replace(lengths=state.tcache.lengths))
+        return new._replace(root=state.root)
+
+    monkeypatch.setattr(gen, "_set_row", broken)
+    tree, scheme, warp_key = RAGGED_CASE
+    target, draft = _pair()
+    prompts = [RAGGED[r % len(RAGGED)] for r in range(CHUNK)]
+
+    rows = QUEUE_ROWS // 2 - QUEUE_MUTANTS.index(mutant)  # a configuration (and compilation) of each mutant's own
+
+    def run(key):
+        return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
+                            rows=rows, **WARPS[warp_key]).tokens
+
+    counts = _count(run, seed=9300, num_samples=2 * MUTANT_SAMPLES, groups=len(RAGGED))
+    joints = [chisquare_gof(c, _exact(warp_key, tuple(p))) for p, c in zip(RAGGED, counts)]
+    print(f"queue mutant {mutant}: joint " + "; ".join(str(j) for j in joints))
+    assert min(j.pvalue for j in joints) < MUTANT_THRESH, "\n".join(j.table() for j in joints)
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS))

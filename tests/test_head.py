@@ -237,6 +237,13 @@ def test_head_benchmark_tiny(tmp_path):
     assert os.path.exists(files["json"]) and os.path.exists(files["png"])
     assert {r["mode"] for r in report["rows"]} == {"target-only", "draft chain:4", "head chain:4"}
     assert all(r["tau"] >= 1.0 and r["tokens_per_s"] > 0 for r in report["rows"])
+    # batch 1 runs two prompts one after another: 8 new tokens each, tallied over the timed turn
+    assert all(r["prompts"] == 2 and r["num_tokens"] == 2 * 8 for r in report["rows"])
+    for r in report["rows"]:
+        if r["tree"]:  # accepted nodes per round at depths 1..4: at most 1 each, never rising with depth
+            acc = r["accepted_per_round"]
+            assert len(acc) == 4 and all(1.0 >= a >= b >= 0.0 for a, b in zip(acc, acc[1:]))
+            assert r["tau"] <= 1.0 + sum(acc) + 1e-6  # tokens <= accepted + target calls (a cut round: <)
     assert 0.0 <= report["alpha"]["head"] <= 1.0 and 0.0 <= report["alpha"]["draft"] <= 1.0
     assert all(report["step_ms"][k] > 0 for k in ("draft", "head", "target"))
     assert set(report["headline"]["head_tau"]) == {"1"} and set(report["headline"]["head_draft_tau"]) == {"1"}

@@ -15,8 +15,12 @@ Also, once per run:
   cache (a jitted ``fori_loop`` divided by its length, so dispatch is not counted), and of
   one target step for scale.
 
-Batch 1 uses the decode benchmark's prompt, batch 8 its eight prompts of different
-lengths (:data:`jaxspec.bench.decode.BATCH_PROMPTS`). ``tiny`` uses small random models
+Batch 8 decodes the decode benchmark's eight prompts of different lengths
+(:data:`jaxspec.bench.decode.BATCH_PROMPTS`) together; batch 1 decodes the first
+``single_prompts`` of them one after another, each call of a turn being that sequence, so a
+batch-1 row's tau and tokens/s are over all of them. ``accepted_per_round`` is the mean
+number of drafted nodes accepted at each depth per round (``accepted_per_depth`` summed over
+rows and divided by the rounds, in the last timed turn). ``tiny`` uses small random models
 and a random head (figures meaningless, code paths exercised).
 
 JSON (``feature_head.json``): ``rows``, ``alpha``, ``step_ms``, ``headline`` (chain:4:
@@ -37,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.bench import common
-from jaxspec.bench.decode import BATCH_PROMPTS, DEFAULT_PROMPT
+from jaxspec.bench.decode import BATCH_PROMPTS
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -60,6 +64,7 @@ class HeadBenchConfig:
     alpha_windows: int
     alpha_seq_len: int
     alpha_max_files: int | None
+    single_prompts: int = 8  # batch 1: decode this many of BATCH_PROMPTS, one at a time
     models: str = "default"  # "default" (embedded pair and head) or "tiny" (random)
     loops: int = 32  # forwards per step-cost measurement
 
@@ -68,9 +73,10 @@ CONFIGS = {
     "full": HeadBenchConfig(batches=(1, 8), trees=("chain:4", "chain:6", "branch:2,1,1,1"), temperatures=(0.0, 1.0),
                             max_new_tokens=128, repeats=3, alpha_windows=64, alpha_seq_len=128, alpha_max_files=40),
     "quick": HeadBenchConfig(batches=(1, 8), trees=("chain:4",), temperatures=(0.0, 1.0), max_new_tokens=48,
-                             repeats=2, alpha_windows=16, alpha_seq_len=128, alpha_max_files=10),
+                             repeats=2, alpha_windows=16, alpha_seq_len=128, alpha_max_files=10, single_prompts=2),
     "tiny": HeadBenchConfig(batches=(1,), trees=("chain:4",), temperatures=(1.0,), max_new_tokens=8, repeats=1,
-                            alpha_windows=2, alpha_seq_len=16, alpha_max_files=1, models="tiny", loops=2),
+                            alpha_windows=2, alpha_seq_len=16, alpha_max_files=1, single_prompts=2, models="tiny",
+                    loops=2),
 }
 
 
@@ -88,12 +94,24 @@ def _models(kind: str):
         "target": "default-target", "draft": "default-draft", "head": "default-head"}
 
 
-def _prompts(batch: int) -> list[list[int]]:
+def _prompt_sets(cfg: HeadBenchConfig, batch: int) -> list[list[list[int]]]:
+    """The batches one call decodes in turn: ``single_prompts`` batches of one prompt at
+    batch 1, else one batch of ``batch`` prompts."""
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
-    texts = [DEFAULT_PROMPT] if batch == 1 else list(BATCH_PROMPTS[:batch])
     tok = ByteTokenizer()
-    return [tok.encode(t, add_bos=True) for t in texts]
+    if batch == 1:
+        return [[tok.encode(t, add_bos=True)] for t in BATCH_PROMPTS[: cfg.single_prompts]]
+    return [[tok.encode(t, add_bos=True) for t in BATCH_PROMPTS[:batch]]]
+
+
+def _in_turn(fn, sets):
+    """``f(i)``: ``fn(i, prompts)`` for each batch of ``sets`` in turn, the results joined
+    along the batch axis (one :class:`~jaxspec.GenerateResult` of every prompt)."""
+    def f(i):
+        outs = [fn(i, prompts) for prompts in sets]
+        return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+    return f
 
 
 def _alpha(cfg: HeadBenchConfig, target, draft, head) -> dict:
@@ -166,9 +184,9 @@ def run(size: str = "quick", *, config: HeadBenchConfig | None = None) -> dict:
     target, draft, head, names = _models(cfg.models)
     rows = []
     for batch in cfg.batches:
-        prompts = _prompts(batch)
+        sets = _prompt_sets(cfg, batch)
         for temp in cfg.temperatures:
-            rows += _measure(cfg, target, draft, head, batch, prompts, temp)
+            rows += _measure(cfg, target, draft, head, batch, sets, temp)
     report = {
         "benchmark": NAME, "size": size, "quick": size != "full", "machine": common.machine_info(),
         "config": dataclasses.asdict(cfg), "models": names, "rows": rows,
@@ -178,20 +196,20 @@ def run(size: str = "quick", *, config: HeadBenchConfig | None = None) -> dict:
     return report
 
 
-def _measure(cfg, target, draft, head, batch, prompts, temp) -> list[dict]:
+def _measure(cfg, target, draft, head, batch, sets, temp) -> list[dict]:
     m = cfg.max_new_tokens
 
-    def ar(i):
+    def ar(i, prompts):
         return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
                                            temperature=temp, stop_tokens=())
 
-    fns = {"target-only": ar}
+    fns = {"target-only": _in_turn(ar, sets)}
     for spec in cfg.trees:
         for kind, model in (("draft", draft), ("head", head)):
-            def sp(i, spec=spec, model=model):
+            def sp(i, prompts, spec=spec, model=model):
                 return gen.generate(jax.random.key(2000 + i), target, model, prompts, max_new_tokens=m, tree=spec,
                                     temperature=temp, stop_tokens=())
-            fns[f"{kind} {spec}"] = sp
+            fns[f"{kind} {spec}"] = _in_turn(sp, sets)
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
     sec = common.medians(turns)
     ar_tokens = int(np.asarray(outs["target-only"].lengths).sum())
@@ -202,11 +220,16 @@ def _measure(cfg, target, draft, head, batch, prompts, temp) -> list[dict]:
         tps = n / sec[name]
         kind, _, tree = name.partition(" ")
         row = {"batch": batch, "temperature": temp, "mode": name, "drafter": kind, "tree": tree or None,
+               "prompts": sum(len(x) for x in sets),
                "tau": totals[name][0] / max(totals[name][1], 1), "num_tokens": totals[name][0],
                "target_calls": totals[name][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
                "speedup": tps / ar_tps,
                "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
                "seconds_per_call": sec[name]}
+        if tree:
+            rounds = max(int(np.asarray(outs[name].rounds).sum()), 1)
+            row["accepted_per_round"] = [float(a) / rounds
+                                         for a in np.asarray(outs[name].accepted_per_depth).sum(axis=0)]
         if temp == 0.0:
             row["same_tokens_as_target_only"] = bool(
                 (np.asarray(outs[name].tokens) == np.asarray(outs["target-only"].tokens)).all())

@@ -58,6 +58,7 @@ from jaxspec.decode.round import (
 from jaxspec.decode.head_draft import start_head
 from jaxspec.decode.ngram import NgramDraft, NgramState
 from jaxspec.nn import sharding
+from jaxspec.nn.cache import KVCache
 from jaxspec.nn.head import FeatureHead, check_head_for
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
@@ -164,6 +165,7 @@ class SpecConfig:
     on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per round
     mesh: Mesh | None = None  # rows over "data", parameters and KV heads over "model"
     split_rows: bool = True  # False: rows are already per device (the harness's shard_map)
+    rows: int | None = None  # decode at most this many prompts at once, refilling ended rows
 
     @property
     def round_config(self) -> RoundConfig:
@@ -211,7 +213,10 @@ def _row_keys(key, b: int):
 
 
 def _fold_all(keys, r):
-    return jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+    """Row b's key for its round ``r[b]`` (``r``: int32[B], each row's own count of rounds,
+    so a row's draws do not depend on the rows beside it, nor on when it started; or one
+    int32 for every row)."""
+    return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(r, keys.shape[:1]))
 
 
 def _start(model, tokens, lens, cfg, features: bool = False):
@@ -241,36 +246,56 @@ class _SpecLoop(NamedTuple):
     accepted: jax.Array  # int32[B, D]
 
 
+def _start_state(cfg: SpecConfig, target, draft, tokens, lens) -> RoundState:
+    """The loop state before the first round of prompts ``tokens int32[B, P]`` (lengths
+    ``lens``): both caches prefilled (a feature head: the target's, whose prompt features
+    the head then reads; an n-gram draft: none), nothing emitted."""
+    if isinstance(draft, FeatureHead):
+        tcache, root, tfeats = _start(target, tokens, lens, cfg, features=True)
+        dcache = start_head(draft, target, tfeats, tokens, lens - 1, cfg.capacity, cfg.tree.depth + 1)
+    else:
+        tcache, root, _ = _start(target, tokens, lens, cfg)
+        dcache = NgramState(tokens, lens) if isinstance(draft, NgramDraft) else _start(draft, tokens, lens, cfg)[0]
+    prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
+    return RoundState(prev=prev, root=root, tcache=tcache, dcache=dcache,
+                      emitted=start_emitted(tokens.shape[0], cfg.max_new_tokens))
+
+
+def _set_row(state, one, row):
+    """``state`` (a pytree of per-row arrays: rows on axis 0, a KV cache's on axis 1) with
+    row ``row`` replaced by the only row of ``one``, a state of the same structure."""
+    def put(full, new):
+        if isinstance(full, KVCache):
+            return KVCache(k=full.k.at[:, row].set(new.k[:, 0]), v=full.v.at[:, row].set(new.v[:, 0]),
+                           lengths=full.lengths.at[row].set(new.lengths[0]))
+        return full.at[row].set(new[0])
+
+    return jax.tree.map(put, state, one, is_leaf=lambda x: isinstance(x, KVCache))
+
+
 def speculative_program(
     cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
 ) -> GenerateResult:
     """The function :func:`generate` compiles for ``cfg`` (un-jitted; :func:`compiled`
-    jits it): prefill both caches (a feature head: the target's, whose prompt features the
-    head then reads; an n-gram draft: none), then
+    jits it): prefill (:func:`_start_state`), then
     :func:`~jaxspec.decode.round.speculative_round` in a ``lax.while_loop`` until every row
-    has ended."""
+    has ended. With ``cfg.rows`` below the number of prompts, :func:`_queue_program`."""
     target = nnx.merge(cfg.target_def, target_state)
     ngram = isinstance(cfg.draft_def, NgramDraft)
     draft = cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
+    if cfg.rows is not None and cfg.rows < tokens.shape[0]:
+        return _queue_program(cfg, target, draft, key, tokens, lens, temperature, draft_temperature, stop_tokens)
     b = tokens.shape[0]
     m = cfg.max_new_tokens
     stat_d = cfg.stat_depth
     round_cfg = cfg.round_config
-    head = isinstance(draft, FeatureHead)
-    tcache, root, tfeats = _start(target, tokens, lens, cfg, features=head)
-    prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
-    if ngram:
-        dcache = NgramState(tokens, lens)
-    elif head:  # the head reads the prompt's target features: no draft prefill of its own
-        dcache = start_head(draft, target, tfeats, tokens, lens - 1, cfg.capacity, cfg.tree.depth + 1)
-    else:
-        dcache = _start(draft, tokens, lens, cfg)[0]
     row_keys = _row_keys(key, b)
 
     def body(lp: _SpecLoop) -> _SpecLoop:
         was_active = lp.st.emitted.active
         st, res = speculative_round(
-            round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.r), temperature, draft_temperature, stop_tokens
+            round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature,
+            stop_tokens,
         )
         if cfg.mesh is not None:
             st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
@@ -291,21 +316,97 @@ def speculative_program(
 
     init = _SpecLoop(
         r=jnp.int32(0),
-        st=RoundState(prev=prev, root=root, tcache=tcache, dcache=dcache, emitted=start_emitted(b, m)),
+        st=_start_state(cfg, target, draft, tokens, lens),  # caches placed on cfg.mesh by _start
         rounds=jnp.zeros((b,), jnp.int32),
         accepted=jnp.zeros((b, stat_d), jnp.int32),
     )
     lp = jax.lax.while_loop(cond, body, init)
-    lengths = lp.st.emitted.n_out
-    return _rows(GenerateResult(
-        tokens=lp.st.emitted.out,
-        lengths=lengths,
-        rounds=lp.rounds,
-        target_calls=lp.rounds,
-        draft_calls=lp.rounds * cfg.draft_calls_per_round,
-        tau=lengths.astype(jnp.float32) / jnp.maximum(lp.rounds, 1).astype(jnp.float32),
-        accepted_per_depth=lp.accepted,
-    ), cfg)
+    return _rows(_result(cfg, lp.st.emitted.out, lp.st.emitted.n_out, lp.rounds, lp.accepted), cfg)
+
+
+def _result(cfg: SpecConfig, out, n_out, rounds, accepted) -> GenerateResult:
+    return GenerateResult(
+        tokens=out,
+        lengths=n_out,
+        rounds=rounds,
+        target_calls=rounds,
+        draft_calls=rounds * cfg.draft_calls_per_round,
+        tau=n_out.astype(jnp.float32) / jnp.maximum(rounds, 1).astype(jnp.float32),
+        accepted_per_depth=accepted,
+    )
+
+
+class _QueueLoop(NamedTuple):
+    r: jax.Array  # int32 loop iteration
+    st: RoundState  # the R rows
+    rounds: jax.Array  # int32[R] rounds of each row's current prompt
+    accepted: jax.Array  # int32[R, D]
+    slot: jax.Array  # int32[R] the prompt each row holds
+    next: jax.Array  # int32 the next prompt of the queue
+    done: GenerateResult  # per prompt [N, ...]: written when its row ends
+
+
+def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperature, draft_temperature,
+                   stop_tokens) -> GenerateResult:
+    """Continuous batching with static shapes: ``cfg.rows`` rows decode the ``N`` prompts.
+    The first ``R`` prompts start in rows ``0 .. R-1``; after each round, every row that
+    has ended (stop token or budget) writes its prompt's tokens and statistics to the
+    ``[N, ...]`` result, then takes the next prompt of the queue: that prompt alone is
+    prefilled (a one-row :func:`_start_state`) and written over the row's whole state.
+
+    Prompt j's randomness is ``fold_in(fold_in(key, j), round)``, its round counted from its
+    own start, as in a batch of all N prompts, so the result is that of :func:`generate` on
+    the N prompts at once (up to the last bits of batch-size dependent float sums), only
+    computed with R rows."""
+    n, r_rows, m, stat_d = tokens.shape[0], cfg.rows, cfg.max_new_tokens, cfg.stat_depth
+    round_cfg = cfg.round_config
+    prompt_keys = _row_keys(key, n)
+
+    def refill(c):
+        st, rounds, accepted, slot, nxt = c
+        row = jnp.argmax(~st.emitted.active)  # the first ended row
+        one = _start_state(cfg, target, draft, jax.lax.dynamic_slice_in_dim(tokens, nxt, 1),
+                           jax.lax.dynamic_slice_in_dim(lens, nxt, 1))
+        return (_set_row(st, one, row), rounds.at[row].set(0), accepted.at[row].set(0), slot.at[row].set(nxt),
+                nxt + 1)
+
+    def can_refill(c):
+        st, _, _, _, nxt = c
+        return jnp.any(~st.emitted.active) & (nxt < n)
+
+    def write(done: GenerateResult, rows_mask, st, rounds, accepted, slot) -> GenerateResult:
+        idx = jnp.where(rows_mask, slot, n)  # n: dropped
+        new = _result(cfg, st.emitted.out, st.emitted.n_out, rounds, accepted)
+        return jax.tree.map(lambda d, x: d.at[idx].set(x, mode="drop"), done, new)
+
+    def body(lp: _QueueLoop) -> _QueueLoop:
+        was_active = lp.st.emitted.active
+        st, res = speculative_round(
+            round_cfg, target, draft, lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature,
+            draft_temperature, stop_tokens,
+        )
+        rounds = lp.rounds + was_active.astype(jnp.int32)
+        accepted = lp.accepted + jnp.where(was_active[:, None], res.accepted_per_depth[:, :stat_d], 0)
+        done = write(lp.done, was_active & ~st.emitted.active, st, rounds, accepted, lp.slot)
+        st, rounds, accepted, slot, nxt = jax.lax.while_loop(can_refill, refill,
+                                                             (st, rounds, accepted, lp.slot, lp.next))
+        return _QueueLoop(lp.r + 1, st, rounds, accepted, slot, nxt, done)
+
+    def cond(lp: _QueueLoop):
+        return jnp.any(lp.st.emitted.active) & (lp.r < n * m)  # a round emits >= 1 token per active row
+
+    zeros = jnp.zeros((n,), jnp.int32)
+    init = _QueueLoop(
+        r=jnp.int32(0),
+        st=_start_state(cfg, target, draft, tokens[:r_rows], lens[:r_rows]),
+        rounds=jnp.zeros((r_rows,), jnp.int32),
+        accepted=jnp.zeros((r_rows, stat_d), jnp.int32),
+        slot=jnp.arange(r_rows, dtype=jnp.int32),
+        next=jnp.int32(r_rows),
+        done=_result(cfg, jnp.full((n, m), -1, jnp.int32), zeros, zeros, jnp.zeros((n, stat_d), jnp.int32)),
+    )
+    lp = jax.lax.while_loop(cond, body, init)
+    return write(lp.done, lp.st.emitted.active, lp.st, lp.rounds, lp.accepted, lp.slot)  # none, unless capped
 
 
 def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
@@ -418,6 +519,20 @@ def _check_mesh(mesh, target, draft) -> Mesh | None:
     if draft is not None:
         sharding.check_model_on_mesh("draft", draft.config, mesh)
     return mesh
+
+
+def _check_rows(rows, mesh, on_round) -> int | None:
+    if rows is None:
+        return None
+    if not is_int(rows) or rows < 1:
+        raise ValueError(f"rows = {rows!r}: expected None or an integer >= 1 (the prompts decoded at a time)")
+    if mesh is not None:
+        raise ValueError("rows: continuous batching runs on one device; pass mesh=None, or rows=None to split "
+                         "every prompt's row over the mesh")
+    if on_round is not None:
+        raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
+                         "prompts, so pass on_round=None (or rows=None)")
+    return int(rows)
 
 
 def _check_budget(max_new_tokens) -> int:
@@ -551,6 +666,7 @@ def generate(
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
+    rows: int | None = None,
 ) -> GenerateResult:
     """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
     the warped target alone (greedy target decoding at ``temperature=0``).
@@ -602,9 +718,17 @@ def generate(
         KV caches over ``model`` (:mod:`jaxspec.nn.sharding`). ``None``: one device. Row
         b's randomness is ``fold_in(key, b)`` on any mesh, so the tokens are those of one
         device, up to the last bits of a ``model`` split's sums.
+      rows: decode at most this many prompts at a time (continuous batching): when a row
+        ends (a stop token or its budget), it writes its prompt's result and takes the next
+        prompt of the queue, which is prefilled into that row's cache slots, inside the one
+        compiled loop. The result keeps the prompts' order and is, prompt by prompt, the
+        result of decoding all of them at once (prompt j's randomness is ``fold_in(key,
+        j)`` either way); only the work is done with ``rows`` rows. ``None`` (default):
+        every prompt has its own row. Not with ``mesh`` or ``on_round``.
 
     Returns:
-      :class:`GenerateResult` (device arrays; statistics are per row).
+      :class:`GenerateResult` (device arrays; statistics are per row, or per prompt with
+      ``rows``).
     """
     check_transformer("target", target)
     _check_draft(draft)
@@ -615,7 +739,7 @@ def generate(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        on_round=on_round, parts=parts, mesh=mesh,
+        on_round=on_round, parts=parts, mesh=mesh, rows=rows,
     )
     tstate = nnx.state(target)
     dstate = None if isinstance(draft, NgramDraft) else nnx.state(draft)
@@ -721,6 +845,7 @@ def build_config(
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
+    rows: int | None = None,
 ) -> tuple[SpecConfig, float, float]:
     """The static configuration :func:`generate` compiles for prompts padded to
     ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
@@ -802,9 +927,10 @@ def build_config(
     tdef = nnx.graphdef(target)
     ddef = draft if ngram else nnx.graphdef(draft)
     mesh = _check_mesh(mesh, target, None if ngram else draft)
+    rows = _check_rows(rows, mesh, on_round)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
                      parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round),
-                     mesh=mesh)
+                     mesh=mesh, rows=rows)
     return cfg, t_temp, d_temp
 
 
