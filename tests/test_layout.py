@@ -531,7 +531,7 @@ CLI_SNAPSHOT = {
         "--batch-size", "--checkpoint-every", "--clip-norm", "--eval-every", "--eval-windows", "--export",
         "--feature-weight", "--heads", "--help", "--intermediate-size", "--kv-heads", "--lr", "--max-files",
         "--min-lr-ratio", "--no-progress", "--noise", "--out", "--resume", "--seed", "--seq-len", "--steps",
-        "--stop-at", "--target", "--warmup-steps", "--weight-decay", "-h",
+        "--stop-at", "--target", "--unroll", "--warmup-steps", "--weight-decay", "-h",
     ], []),
     "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),

@@ -11,6 +11,8 @@ with target-only at temperature 0 and its law is left to the statistical test
 (tests/test_generate_exactness.py, the queue case, covers a draft model's law at T > 0).
 """
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -103,3 +105,21 @@ def test_rows_refuse_a_mesh(models):
     mesh = jaxspec.make_mesh(data=1)
     with pytest.raises(ValueError, match="rows: continuous batching runs on one device"):
         gen.build_config(target, draft, prompt_length=4, max_new_tokens=4, tree=2, mesh=mesh, rows=2)
+
+
+def test_queue_benchmark_tiny(tmp_path):
+    """``jaxspec bench --only queue --size tiny``: its rows, the prompts in order, and the
+    headline speedups."""
+    from jaxspec.bench import benchmark_module, run_benchmark
+
+    report, files = run_benchmark("queue", "tiny", tmp_path)
+    assert os.path.exists(files["json"]) and os.path.exists(files["png"])
+    assert [r["mode"] for r in report["rows"]] == ["target-only", "draft batches", "draft queue", "head batches",
+                                                   "head queue"]
+    cfg = report["config"]
+    for r in report["rows"]:  # every mode decodes every prompt to its budget (no stop tokens)
+        assert r["num_tokens"] == cfg["num_prompts"] * cfg["max_new_tokens"] and r["tokens_per_s"] > 0
+        assert r["tau"] >= 1.0 and (r["drafter"] is None) == (r["mode"] == "target-only")
+    assert report["prompt_lens"] == [8 + (7 * i) % 40 for i in range(cfg["num_prompts"])]
+    assert set(report["headline"]["queue_speedup"]) == {"1"}
+    assert "| 1 | draft queue |" in benchmark_module("queue").table(report)

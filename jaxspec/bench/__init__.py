@@ -14,7 +14,9 @@ One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG)
 * :mod:`~jaxspec.bench.rules`: block and traversal verification vs the token rule (exact
   expected tokens on bigram tables; tau and tokens/s of ``generate`` per rule);
 * :mod:`~jaxspec.bench.lookup`: prompt lookup (n-gram) drafts vs the draft model;
-* :mod:`~jaxspec.bench.head`: the feature draft head vs the draft model.
+* :mod:`~jaxspec.bench.head`: the feature draft head vs the draft model;
+* :mod:`~jaxspec.bench.queue`: continuous batching (``generate(..., rows=R)``) vs fixed
+  batches.
 
 Example::
 
@@ -37,6 +39,7 @@ BENCHMARKS = {
     "rules": "jaxspec.bench.rules",
     "lookup": "jaxspec.bench.lookup",
     "head": "jaxspec.bench.head",
+    "queue": "jaxspec.bench.queue",
 }
 
 

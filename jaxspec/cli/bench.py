@@ -4,7 +4,7 @@
 
     jaxspec bench --quick --json            # short versions (minutes on 2 CPU cores), one JSON object
     jaxspec bench                           # full versions (the README's figures)
-    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup
+    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup, head, queue
     jaxspec bench --quick --out results/    # JSON + PNG of each benchmark under results/
     jaxspec bench --only decode --rule block   # the decode benchmark verifying with block verification
 
