@@ -261,6 +261,18 @@ def test_time_calls_takes_turns():
         common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)
 
 
+def test_every_benchmark_has_headline_keys():
+    """``jaxspec bench --json`` reads each benchmark's headline keys from HEADLINE_KEYS: one
+    entry per benchmark, and the queue benchmark's headline has exactly its keys."""
+    from jaxspec.bench import queue
+    from jaxspec.cli.bench import HEADLINE_KEYS
+
+    assert set(HEADLINE_KEYS) == set(BENCHMARKS)
+    report = {"rows": [{"drafter": d, "how": h, "temperature": 1.0, "speedup": 1.5}
+                       for d in ("draft", "head") for h in ("batches", "queue")]}
+    assert set(queue.headline(report)) == set(HEADLINE_KEYS["queue"])
+
+
 def test_bad_names():
     with pytest.raises(ValueError, match="benchmark = 'nope'"):
         benchmark_module("nope")

@@ -24,7 +24,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -70,6 +70,18 @@ def model_pair(kind: str):
     from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
 
     return load_model("default-target"), load_model("default-draft")
+
+
+def held_out_prompts(lengths: Sequence[int], max_files: int | None) -> list[list[int]]:
+    """One prompt per entry of ``lengths``, of that many tokens: the starts of windows of
+    the corpus's validation split (:func:`jaxspec.training.train.validation_windows`, text
+    no model here was trained on), prompt i from window i."""
+    from jaxspec.training.corpus import load_corpus  # noqa: PLC0415
+    from jaxspec.training.train import TrainConfig, validation_windows  # noqa: PLC0415
+
+    cfg = TrainConfig(seq_len=max(lengths), eval_windows=len(lengths))
+    windows = validation_windows(load_corpus(max_files=max_files), cfg)
+    return [windows[i, :n].tolist() for i, n in enumerate(lengths)]
 
 
 def check_size(size: str) -> str:

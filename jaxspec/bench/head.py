@@ -16,9 +16,11 @@ Also, once per run:
   one target step for scale.
 
 Batch 8 decodes the decode benchmark's eight prompts of different lengths
-(:data:`jaxspec.bench.decode.BATCH_PROMPTS`) together; batch 1 decodes the first
-``single_prompts`` of them one after another, each call of a turn being that sequence, so a
-batch-1 row's tau and tokens/s are over all of them. ``accepted_per_round`` is the mean
+(:data:`jaxspec.bench.decode.BATCH_PROMPTS`) together; batch 1 decodes ``single_prompts``
+held-out prompts of ``single_prompt_len`` tokens (:func:`jaxspec.bench.common.held_out_prompts`:
+the corpus's validation split; one length, so one compilation per mode) one after
+another, a turn being that sequence, so a batch-1 row's tau and tokens/s are over all of
+them. ``accepted_per_round`` is the mean
 number of drafted nodes accepted at each depth per round (``accepted_per_depth`` summed over
 rows and divided by the rounds, in the last timed turn). ``tiny`` uses small random models
 and a random head (figures meaningless, code paths exercised).
@@ -64,7 +66,8 @@ class HeadBenchConfig:
     alpha_windows: int
     alpha_seq_len: int
     alpha_max_files: int | None
-    single_prompts: int = 8  # batch 1: decode this many of BATCH_PROMPTS, one at a time
+    single_prompts: int = 8  # batch 1: decode this many held-out prompts, one at a time
+    single_prompt_len: int = 32
     models: str = "default"  # "default" (embedded pair and head) or "tiny" (random)
     loops: int = 32  # forwards per step-cost measurement
 
@@ -75,8 +78,8 @@ CONFIGS = {
     "quick": HeadBenchConfig(batches=(1, 8), trees=("chain:4",), temperatures=(0.0, 1.0), max_new_tokens=48,
                              repeats=2, alpha_windows=16, alpha_seq_len=128, alpha_max_files=10, single_prompts=2),
     "tiny": HeadBenchConfig(batches=(1,), trees=("chain:4",), temperatures=(1.0,), max_new_tokens=8, repeats=1,
-                            alpha_windows=2, alpha_seq_len=16, alpha_max_files=1, single_prompts=2, models="tiny",
-                    loops=2),
+                            alpha_windows=2, alpha_seq_len=16, alpha_max_files=1, single_prompts=2, single_prompt_len=12,
+                    models="tiny", loops=2),
 }
 
 
@@ -95,13 +98,14 @@ def _models(kind: str):
 
 
 def _prompt_sets(cfg: HeadBenchConfig, batch: int) -> list[list[list[int]]]:
-    """The batches one call decodes in turn: ``single_prompts`` batches of one prompt at
-    batch 1, else one batch of ``batch`` prompts."""
+    """The batches one call decodes in turn: ``single_prompts`` batches of one held-out
+    prompt at batch 1, else one batch of ``batch`` prompts."""
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
-    tok = ByteTokenizer()
     if batch == 1:
-        return [[tok.encode(t, add_bos=True)] for t in BATCH_PROMPTS[: cfg.single_prompts]]
+        ps = common.held_out_prompts([cfg.single_prompt_len] * cfg.single_prompts, cfg.alpha_max_files)
+        return [[p] for p in ps]
+    tok = ByteTokenizer()
     return [[tok.encode(t, add_bos=True) for t in BATCH_PROMPTS[:batch]]]
 
 

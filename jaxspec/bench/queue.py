@@ -61,14 +61,9 @@ CONFIGS = {
 
 
 def prompts(num_prompts: int, max_files: int | None) -> list[list[int]]:
-    """``num_prompts`` held-out prompts: the starts of windows of the corpus's validation
-    split (:func:`jaxspec.training.train.validation_windows`), prompt i of ``8 + (7 i mod
-    40)`` tokens."""
-    from jaxspec.training.corpus import load_corpus  # noqa: PLC0415
-    from jaxspec.training.train import TrainConfig, validation_windows  # noqa: PLC0415
-
-    windows = validation_windows(load_corpus(max_files=max_files), TrainConfig(seq_len=48, eval_windows=num_prompts))
-    return [windows[i, : 8 + (7 * i) % 40].tolist() for i in range(num_prompts)]
+    """``num_prompts`` held-out prompts (:func:`jaxspec.bench.common.held_out_prompts`),
+    prompt i of ``8 + (7 i mod 40)`` tokens."""
+    return common.held_out_prompts([8 + (7 * i) % 40 for i in range(num_prompts)], max_files)
 
 
 def _models(kind: str):

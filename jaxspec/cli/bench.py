@@ -36,11 +36,12 @@ HEADLINE_KEYS = {
     "rules": ("block_gain_chain4", "rule_tau_t1", "rule_speedup_t1"),
     "lookup": ("lookup_speedup_t0", "lookup_tau_t0", "lookup_draft_speedup_t0"),
     "head": ("head_tau", "head_draft_tau", "head_speedup", "head_draft_speedup", "head_alpha", "head_draft_alpha"),
+    "queue": ("queue_speedup", "queue_batches_speedup", "queue_head_speedup", "queue_head_batches_speedup"),
 }
 
 
 @command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory, "
-                        "rule gains, prompt lookup, feature head)")
+                        "rule gains, prompt lookup, feature head, continuous batching)")
 def bench_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.bench import BENCHMARKS
     from jaxspec.core.rules import RULES
