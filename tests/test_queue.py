@@ -84,7 +84,7 @@ def test_a_queue_row_is_refilled_with_its_own_prompt(models):
                          temperature=1.0, stop_tokens=())
     toks = np.asarray(q.tokens)
     assert (np.asarray(q.lengths) == 6).all() and (toks >= 0).all()
-    assert (np.asarray(q.rounds) >= 3).all() and (np.asarray(q.tau) <= 3).all()  # chain:2: <= 3 tokens a round
+    assert (np.asarray(q.rounds) >= 2).all() and (np.asarray(q.tau) <= 3).all()  # chain:2: <= 3 tokens a round
     assert len({tuple(r) for r in toks}) > 6  # independent draws, not one row copied
 
 

@@ -174,6 +174,13 @@ def test_resume_equals_uninterrupted(trained, target, corpus, tmp_path):
         train_head(target, CFG, tmp_path, corpus=corpus, progress=False)
     with pytest.raises(ValueError, match=r"noise = 0.1 now but 0.05 in the checkpoint"):
         train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True, noise=0.1)
+    # a checkpoint written before train_head had `unroll` records none: it resumes as unroll 1
+    state = tmp_path / "checkpoint" / "state.json"
+    meta = json.loads(state.read_text())
+    assert meta["head_loss"].pop("unroll") == 1
+    state.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"unroll = 2 now but 1 in the checkpoint"):
+        train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True, unroll=2)
     resumed = train_head(target, CFG, tmp_path, corpus=corpus, progress=False, resume=True)
     assert resumed.step == 40 and resumed.final_dir == tmp_path / "final"
     for a, b in zip(_leaves(resumed.model), _leaves(full.model)):

@@ -355,9 +355,10 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
     prefilled (a one-row :func:`_start_state`) and written over the row's whole state.
 
     Prompt j's randomness is ``fold_in(fold_in(key, j), round)``, its round counted from its
-    own start, as in a batch of all N prompts, so the result is that of :func:`generate` on
-    the N prompts at once (up to the last bits of batch-size dependent float sums), only
-    computed with R rows."""
+    own start, as in a batch of all N prompts, so with a draft model or a feature head the
+    result is that of :func:`generate` on the N prompts at once (up to the last bits of
+    batch-size dependent float sums), only computed with R rows. (An n-gram draft's round
+    kind depends on the other rows: the same law, other tokens.)"""
     n, r_rows, m, stat_d = tokens.shape[0], cfg.rows, cfg.max_new_tokens, cfg.stat_depth
     round_cfg = cfg.round_config
     prompt_keys = _row_keys(key, n)
@@ -393,8 +394,9 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
         return _QueueLoop(lp.r + 1, st, rounds, accepted, slot, nxt, done)
 
     def cond(lp: _QueueLoop):
-        return jnp.any(lp.st.emitted.active) & (lp.r < n * m)  # a round emits >= 1 token per active row
+        return jnp.any(lp.st.emitted.active) & (lp.r < cap)
 
+    cap = min(n * m, 2**31 - 1)  # never reached: a round emits >= 1 token per active row
     zeros = jnp.zeros((n,), jnp.int32)
     init = _QueueLoop(
         r=jnp.int32(0),
@@ -721,14 +723,19 @@ def generate(
       rows: decode at most this many prompts at a time (continuous batching): when a row
         ends (a stop token or its budget), it writes its prompt's result and takes the next
         prompt of the queue, which is prefilled into that row's cache slots, inside the one
-        compiled loop. The result keeps the prompts' order and is, prompt by prompt, the
-        result of decoding all of them at once (prompt j's randomness is ``fold_in(key,
-        j)`` either way); only the work is done with ``rows`` rows. ``None`` (default):
-        every prompt has its own row. Not with ``mesh`` or ``on_round``.
+        compiled loop. The result keeps the prompts' order. With a draft model or a
+        feature head it is, prompt by prompt, the result of decoding all of them at once
+        (prompt j's randomness is ``fold_in(key, j)`` either way); only the work is done
+        with ``rows`` rows. An n-gram draft's rounds depend on the other rows (a round
+        runs one target step when no active row has a match), so its tokens depend on the
+        batch, its law does not. ``None`` (default): every prompt has its own row. Not
+        with ``mesh`` or ``on_round``.
 
     Returns:
       :class:`GenerateResult` (device arrays; statistics are per row, or per prompt with
-      ``rows``).
+      ``rows``: then ``rounds`` and ``target_calls`` count the rounds of each prompt, and
+      ``summary()["loop_rounds"]`` is the most rounds of one prompt, not the loop's
+      iterations).
     """
     check_transformer("target", target)
     _check_draft(draft)
