@@ -182,6 +182,12 @@ def tallied_turns(fns: Mapping[str, Callable], repeats: int) -> tuple[dict, dict
     return turns, outs, totals
 
 
+def joined_results(outs: Sequence):
+    """Several :class:`~jaxspec.GenerateResult` of separate calls as one, their rows
+    concatenated in order (one result stays as it is)."""
+    return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jax.numpy.concatenate(xs), *outs)
+
+
 def medians(turns: Mapping[str, list[float]]) -> dict[str, float]:
     """``{name: median}`` of per-turn timings (:func:`time_calls_turns`, :func:`interleaved_turns`)."""
     return {k: statistics.median(v) for k, v in turns.items()}

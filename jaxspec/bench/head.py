@@ -113,8 +113,7 @@ def _in_turn(fn, sets):
     """``f(i)``: ``fn(i, prompts)`` for each batch of ``sets`` in turn, the results joined
     along the batch axis (one :class:`~jaxspec.GenerateResult` of every prompt)."""
     def f(i):
-        outs = [fn(i, prompts) for prompts in sets]
-        return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+        return common.joined_results([fn(i, prompts) for prompts in sets])
     return f
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench import common
@@ -77,10 +76,6 @@ def _models(kind: str):
     return target, {"draft": draft, "head": load_draft("default-head")}
 
 
-def _joined(outs):
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
-
-
 def run(size: str = "quick", *, config: QueueBenchConfig | None = None) -> dict:
     """Measure every temperature of ``CONFIGS[size]`` (or ``config``)."""
     cfg = CONFIGS[common.check_size(size)] if config is None else config
@@ -103,13 +98,13 @@ def _measure(cfg: QueueBenchConfig, target, drafters: dict, ps: list[list[int]],
     kw = dict(max_new_tokens=m, temperature=temp, stop_tokens=())
 
     def ar(i):
-        return _joined([gen.generate_autoregressive(jax.random.fold_in(jax.random.key(1000 + i), j), target, b, **kw)
+        return common.joined_results([gen.generate_autoregressive(jax.random.fold_in(jax.random.key(1000 + i), j), target, b, **kw)
                         for j, b in enumerate(batches)])
 
     fns = {"target-only": ar}
     for name, d in drafters.items():
         def batched(i, d=d):
-            return _joined([gen.generate(jax.random.fold_in(jax.random.key(2000 + i), j), target, d, b,
+            return common.joined_results([gen.generate(jax.random.fold_in(jax.random.key(2000 + i), j), target, d, b,
                                          tree=cfg.tree, **kw) for j, b in enumerate(batches)])
 
         def queued(i, d=d):

@@ -192,16 +192,17 @@ def is_head_flag(flag: str, name: str) -> bool:
 
 
 def warn_if_head_for_another_target(flag: str, name: str, target, target_name: str) -> bool:
-    """When the feature head ``name`` that ``flag`` gave records the digest of another
-    target than ``target`` (:func:`jaxspec.nn.head.recorded_target_digest`), say so on
-    stderr and return True. Decoding stays lossless with any head that fits the target's
+    """When ``name`` (the model ``flag`` gave) is a feature head folder that records the
+    digest of another target than ``target`` (:func:`jaxspec.nn.head.recorded_target_digest`),
+    say so on stderr and return True; any other model: False. Decoding stays lossless with any head that fits the target's
     width and vocabulary; only its acceptance suffers, so this is a warning, not an error."""
     import sys
 
     from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.head import recorded_target_digest, target_digest
+    from jaxspec.nn.head import is_head_folder, recorded_target_digest, target_digest
 
-    recorded = recorded_target_digest(resolve_model_path(name))
+    folder = resolve_model_path(name)
+    recorded = recorded_target_digest(folder) if is_head_folder(folder) else None
     if recorded is None:
         return False
     actual = target_digest(target)

@@ -305,7 +305,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             draft = None
         else:
             draft = lookup if lookup is not None else load_flag_model("--draft", args.draft, draft=True)
-            if lookup is None and is_head_flag("--draft", args.draft):
+            if lookup is None:
                 warn_if_head_for_another_target("--draft", args.draft, target, args.target)
         if draft is not None and lookup is None and draft.config.vocab_size != target.config.vocab_size:
             raise CLIError(

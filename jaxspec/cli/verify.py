@@ -30,7 +30,6 @@ from jaxspec.cli.common import (
     check_tokenizer_fits,
     command,
     flag_mesh,
-    is_head_flag,
     load_flag_model,
     mesh_flag,
     nonneg_float,
@@ -201,8 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
         target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft, draft=True)
-        if is_head_flag("--draft", args.draft):
-            warn_if_head_for_another_target("--draft", args.draft, target, args.target)
+        warn_if_head_for_another_target("--draft", args.draft, target, args.target)
     else:
         from jaxspec.exactness.harness import default_pair
 

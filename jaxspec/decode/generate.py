@@ -239,6 +239,13 @@ def _place_cache(cache, model, cfg):
     return sharding.constrain_cache(cache, model.config, cfg.mesh, rows=cfg.split_rows)
 
 
+def _count_round(rounds, accepted, was_active, res, stat_d):
+    """Rounds ``int32[B]`` and accepted nodes per depth ``int32[B, D]`` after a round, counted
+    for the rows active at its start."""
+    return (rounds + was_active.astype(jnp.int32),
+            accepted + jnp.where(was_active[:, None], res.accepted_per_depth[:, :stat_d], 0))
+
+
 class _SpecLoop(NamedTuple):
     r: jax.Array  # int32 round index
     st: RoundState
@@ -303,13 +310,8 @@ def speculative_program(
                              prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
         if cfg.on_round is not None:  # streaming: ordered host callback, once per round
             jax.debug.callback(cfg.on_round, st.emitted.out, st.emitted.n_out, ordered=True)
-        per_depth = res.accepted_per_depth[:, :stat_d]
-        return _SpecLoop(
-            r=lp.r + 1,
-            st=st,
-            rounds=lp.rounds + was_active.astype(jnp.int32),
-            accepted=lp.accepted + jnp.where(was_active[:, None], per_depth, 0),
-        )
+        rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, stat_d)
+        return _SpecLoop(r=lp.r + 1, st=st, rounds=rounds, accepted=accepted)
 
     def cond(lp: _SpecLoop):
         return jnp.any(lp.st.emitted.active) & (lp.r < m)
@@ -386,8 +388,7 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
             round_cfg, target, draft, lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature,
             draft_temperature, stop_tokens,
         )
-        rounds = lp.rounds + was_active.astype(jnp.int32)
-        accepted = lp.accepted + jnp.where(was_active[:, None], res.accepted_per_depth[:, :stat_d], 0)
+        rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, stat_d)
         done = write(lp.done, was_active & ~st.emitted.active, st, rounds, accepted, lp.slot)
         st, rounds, accepted, slot, nxt = jax.lax.while_loop(can_refill, refill,
                                                              (st, rounds, accepted, lp.slot, lp.next))

@@ -132,14 +132,12 @@ def _depth_weights(steps: int, t: int) -> jax.Array:
     return (jnp.arange(t)[None, :] >= jnp.arange(steps)[:, None]).astype(jnp.float32)
 
 
-def _depth_terms(target: Transformer, feats, tl, preds) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per depth and position: smooth L1, KL(target || head) and overlap, each ``[S, B, T]``,
-    of predictions ``preds [S, B, T, D]`` against the target's ``feats [B, T, D]`` and logits
-    ``tl [B, T, V]``."""
-    hl = [target.unembed(pr) for pr in preds]  # S x [B, T, V]
-    return (jnp.stack([_smooth_l1(pr, feats) for pr in preds]),
-            jnp.stack([kl_per_position(tl, h) for h in hl]),
-            jnp.stack([overlap_per_position(tl, h) for h in hl]))
+def _depth_terms(target: Transformer, feats, tl, preds) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
+    """Per depth and position, of predictions ``preds [S, B, T, D]`` against the target's
+    ``feats [B, T, D]`` and logits ``tl [B, T, V]``: smooth L1 and KL(target || head), each
+    ``[S, B, T]``, and the head's logits per depth (S x ``[B, T, V]``)."""
+    hl = [target.unembed(pr) for pr in preds]
+    return (jnp.stack([_smooth_l1(pr, feats) for pr in preds]), jnp.stack([kl_per_position(tl, h) for h in hl]), hl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +175,9 @@ def _eval_head(head: FeatureHead, target: Transformer, batch: jax.Array, depths:
     feats = forward_features(target, x)
     tl = target.unembed(feats)
     preds = head.unrolled(target, x, feats, depths)
-    sl1, kl, overlap = _depth_terms(target, feats, tl, preds)
-    nll = jnp.stack([optax.softmax_cross_entropy_with_integer_labels(target.unembed(pr), batch[:, 1:]) for pr in preds])
+    sl1, kl, hl = _depth_terms(target, feats, tl, preds)
+    overlap = jnp.stack([overlap_per_position(tl, h) for h in hl])
+    nll = jnp.stack([optax.softmax_cross_entropy_with_integer_labels(h, batch[:, 1:]) for h in hl])
     w = _depth_weights(depths, x.shape[1])[:, None, :]
     return tuple(jnp.sum(a * w, axis=(1, 2)) for a in (sl1, kl, overlap, nll))
 
