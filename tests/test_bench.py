@@ -278,7 +278,7 @@ def test_bad_names():
         benchmark_module("nope")
     with pytest.raises(ValueError, match="size = 'huge'"):
         common.check_size("huge")
-    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness", "rules", "lookup", "head", "queue"}
+    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness", "rules", "lookup", "head", "queue", "round"}
 
 
 def test_rules_exact_and_sampled_agree(tmp_path):

@@ -16,7 +16,9 @@ One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG)
 * :mod:`~jaxspec.bench.lookup`: prompt lookup (n-gram) drafts vs the draft model;
 * :mod:`~jaxspec.bench.head`: the feature draft head vs the draft model;
 * :mod:`~jaxspec.bench.queue`: continuous batching (``generate(..., rows=R)``) vs fixed
-  batches.
+  batches;
+* :mod:`~jaxspec.bench.round_cost`: a round's time in ``generate`` against its model
+  forwards, with a profile by named scope (:mod:`~jaxspec.bench.scopes`).
 
 Example::
 
@@ -40,6 +42,7 @@ BENCHMARKS = {
     "lookup": "jaxspec.bench.lookup",
     "head": "jaxspec.bench.head",
     "queue": "jaxspec.bench.queue",
+    "round": "jaxspec.bench.round_cost",
 }
 
 

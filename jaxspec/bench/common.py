@@ -48,6 +48,7 @@ __all__ = [
     "pyplot",
     "TINY_VOCAB",
     "model_pair",
+    "forward_loop",
 ]
 
 #: benchmark sizes: ``full`` (the published figures), ``quick`` (minutes on 2 CPU cores),
@@ -70,6 +71,41 @@ def model_pair(kind: str):
     from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
 
     return load_model("default-target"), load_model("default-draft")
+
+
+def forward_loop(model, batch: int, widths: Sequence[int], capacity: int, prefix: int, loops: int) -> Callable:
+    """A callable ``f(i)`` running ``loops`` iterations of one jitted ``fori_loop``, each
+    iteration forwarding ``widths[0]``, then ``widths[1]``, ... new tokens (causal among
+    themselves) for ``batch`` rows over a cache of ``capacity`` slots holding ``prefix``
+    tokens: divide its time by ``loops`` for the cost of those forwards, dispatch excluded.
+    ``widths=(5,)`` costs a 5-token verification; ``(2, 1, 1, 1)`` a chain's draft forwards."""
+    import jax.numpy as jnp  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from jaxspec.nn.cache import init_cache  # noqa: PLC0415
+    from jaxspec.nn.masks import tree_cache_mask  # noqa: PLC0415
+
+    gdef, state = nnx.split(model)
+    cache = init_cache(model.config, batch, capacity).replace(lengths=jnp.full((batch,), prefix, jnp.int32))
+    widths = tuple(int(w) for w in widths)
+
+    @jax.jit
+    def run(state, cache):
+        m = nnx.merge(gdef, state)
+
+        def body(i, carry):
+            cache, acc = carry
+            for t in widths:
+                mask = tree_cache_mask(cache.lengths, np.tril(np.ones((t, t), bool)), capacity)  # [B, t, S]
+                pos = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, t]
+                tokens = jnp.full((batch, t), i % 2, jnp.int32)
+                logits, cache = m(tokens, pos, cache, mask)  # [B, t, V]
+                acc = acc + logits[0, -1, 0]
+            return cache, acc
+
+        return jax.lax.fori_loop(0, loops, body, (cache, jnp.float32(0)))[1]
+
+    return lambda i: run(state, cache)
 
 
 def held_out_prompts(lengths: Sequence[int], max_files: int | None) -> list[list[int]]:

@@ -45,17 +45,13 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxspec.bench import common
 from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen  # noqa: E402
-from jaxspec.nn.cache import init_cache
-from jaxspec.nn.masks import tree_cache_mask
 from jaxspec.nn.model import Transformer
 
 __all__ = ["NAME", "DecodeBenchConfig", "sibling_scheme", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
@@ -148,31 +144,6 @@ def _prompts(batch: int) -> list[list[int]]:
     return [tok.encode(t, add_bos=True) for t in texts]
 
 
-def _forward_loop(model: Transformer, batch: int, t: int, capacity: int, prefix: int, loops: int):
-    """A callable ``f(i)`` running ``loops`` forwards of ``t`` new tokens for ``batch`` rows
-    over a cache holding ``prefix`` tokens, in one jitted ``fori_loop`` (dispatch excluded:
-    divide its time by ``loops``)."""
-    gdef, state = nnx.split(model)
-    cache = init_cache(model.config, batch, capacity).replace(lengths=jnp.full((batch,), prefix, jnp.int32))
-    tm = np.tril(np.ones((t, t), bool))
-    tokens = jnp.zeros((batch, t), jnp.int32)
-
-    @jax.jit
-    def run(state, cache, tokens):
-        m = nnx.merge(gdef, state)
-        mask = tree_cache_mask(cache.lengths, tm, capacity)  # [B, t, S]
-        pos = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, t]
-
-        def body(i, carry):
-            cache, acc = carry
-            logits, cache = m(tokens + (i % 2), pos, cache, mask)  # [B, t, V]
-            return cache, acc + logits[0, -1, 0]
-
-        return jax.lax.fori_loop(0, loops, body, (cache, jnp.float32(0)))[1]
-
-    return lambda i: run(state, cache, tokens)
-
-
 def sibling_scheme(spec, temperature: float) -> str:
     """The scheme the benchmarks decode ``spec`` with: ``deterministic`` for a dynamic tree or at
     temperature 0 (the draft's top-k), else ``without_replacement``."""
@@ -256,8 +227,8 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
         prompt_lens[batch] = lens
         cap = min(max(lens) + m + 64 + 1, ctx)
         mid = int(np.mean(lens)) + m // 2  # cache fill at which forwards are costed
-        target_step = _forward_loop(target, batch, 1, cap, mid, cfg.loops)
-        draft_step = _forward_loop(draft, batch, 1, cap, mid, cfg.loops)
+        target_step = common.forward_loop(target, batch, (1,), cap, mid, cfg.loops)
+        draft_step = common.forward_loop(draft, batch, (1,), cap, mid, cfg.loops)
         for temp in cfg.temperatures:
 
             def ar(i, temp=temp, prompts=prompts):
@@ -280,7 +251,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
                                         tree=spec, scheme=scheme, temperature=temp, rule=rule, stop_tokens=())
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
-                       "verify": _forward_loop(target, batch, n + 1, cap, mid, cfg.loops)}
+                       "verify": common.forward_loop(target, batch, (n + 1,), cap, mid, cfg.loops)}
                 turns, outs = common.interleaved_turns(fns, cfg.repeats)
                 row = _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, cfg.loops,
                            acceptance.get(temp))

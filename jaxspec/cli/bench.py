@@ -4,7 +4,7 @@
 
     jaxspec bench --quick --json            # short versions (minutes on 2 CPU cores), one JSON object
     jaxspec bench                           # full versions (the README's figures)
-    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup, head, queue
+    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup, head, queue, round
     jaxspec bench --quick --out results/    # JSON + PNG of each benchmark under results/
     jaxspec bench --only decode --rule block   # the decode benchmark verifying with block verification
 
@@ -37,11 +37,12 @@ HEADLINE_KEYS = {
     "lookup": ("lookup_speedup_t0", "lookup_tau_t0", "lookup_draft_speedup_t0"),
     "head": ("head_tau", "head_draft_tau", "head_speedup", "head_draft_speedup", "head_alpha", "head_draft_alpha"),
     "queue": ("queue_speedup", "queue_batches_speedup", "queue_head_speedup", "queue_head_batches_speedup"),
+    "round": ("round_over_model_max", "device_round_over_model_max", "target_only_step_over_forward_max"),
 }
 
 
 @command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory, "
-                        "rule gains, prompt lookup, feature head, continuous batching)")
+                        "rule gains, prompt lookup, feature head, continuous batching, round cost)")
 def bench_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.bench import BENCHMARKS
     from jaxspec.core.rules import RULES

@@ -74,9 +74,11 @@ __all__ = [
     "generate",
     "generate_autoregressive",
     "run_compiled",
+    "run_compiled_autoregressive",
     "compiled",
     "speculative_program",
     "autoregressive_program",
+    "start_program",
 ]
 
 #: the tree of ``generate`` and ``jaxspec generate`` when none is given: the fastest measured on
@@ -412,6 +414,19 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
     return write(lp.done, lp.st.emitted.active, lp.st, lp.rounds, lp.accepted, lp.slot)  # none, unless capped
 
 
+def start_program(cfg: SpecConfig | ARConfig, target_state, draft_state, tokens, lens):
+    """The prefill that :func:`speculative_program` (``cfg`` a :class:`SpecConfig`: the
+    first round's :class:`~jaxspec.decode.round.RoundState`) or
+    :func:`autoregressive_program` (an :class:`ARConfig`: ``(cache, root)``; pass
+    ``draft_state=None``) starts its loop from (un-jitted), so that a benchmark can take it
+    out of a call's time."""
+    target = nnx.merge(cfg.target_def, target_state)
+    if isinstance(cfg, ARConfig):
+        return _start(target, tokens, lens, cfg)[:2]
+    draft = cfg.draft_def if isinstance(cfg.draft_def, NgramDraft) else nnx.merge(cfg.draft_def, draft_state)
+    return _start_state(cfg, target, draft, tokens, lens)
+
+
 def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
     """The function :func:`generate_autoregressive` compiles for ``cfg`` (un-jitted):
     prefill, then :func:`~jaxspec.decode.round.autoregressive_step` in a
@@ -743,14 +758,15 @@ def generate(
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    # one traversal of each model's object graph gives both halves (each costs milliseconds)
+    tdef, tstate = nnx.split(target)
+    ddef, dstate = (draft, None) if isinstance(draft, NgramDraft) else nnx.split(draft)
     cfg, t_temp, d_temp = build_config(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        on_round=on_round, parts=parts, mesh=mesh, rows=rows,
+        on_round=on_round, parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, ddef),
     )
-    tstate = nnx.state(target)
-    dstate = None if isinstance(draft, NgramDraft) else nnx.state(draft)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
 
 
@@ -824,12 +840,20 @@ def generate_autoregressive(
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, on_round=on_round, mesh=mesh,
+        top_k=top_k, top_p=top_p, on_round=on_round, mesh=mesh, graphdef=tdef,
     )
-    return _on_mesh(cfg, (cfg.target_def,), (nnx.state(target),), key, tokens, lens,
-                    (jnp.float32(temp), _stop_array(stop)), lambda st, *rest: compiled(cfg)(st[0], *rest))
+    return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop)
+
+
+def run_compiled_autoregressive(cfg: ARConfig, target_state, key, tokens, lens, temperature,
+                                stop_tokens=()) -> GenerateResult:
+    """:func:`run_compiled` for a target-only configuration (:func:`build_ar_config`)."""
+    return _on_mesh(cfg, (cfg.target_def,), (target_state,), key, tokens, lens,
+                    (jnp.float32(temperature), _stop_array(stop_tokens)),
+                    lambda st, *rest: compiled(cfg)(st[0], *rest))
 
 
 # --------------------------------------------------------------------------- configuration
@@ -854,6 +878,7 @@ def build_config(
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
     rows: int | None = None,
+    graphdefs: tuple | None = None,
 ) -> tuple[SpecConfig, float, float]:
     """The static configuration :func:`generate` compiles for prompts padded to
     ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
@@ -861,7 +886,9 @@ def build_config(
     :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
     call it, so the harness tests exactly what ``generate`` runs.
 
-    Arguments as in :func:`generate`. Returns ``(config, temperature, draft_temperature)``:
+    Arguments as in :func:`generate`; ``graphdefs``: ``(target graphdef, draft graphdef)``
+    when the caller already split the models (``nnx.split``; an n-gram draft is its own
+    definition), else they are computed here. Returns ``(config, temperature, draft_temperature)``:
     the temperatures (the draft's resolved by :func:`jaxspec.core.sampling.draft_warp_args`) are
     traced arguments of the compiled function, not part of the configuration, so that new
     temperatures do not recompile. Equal arguments give equal (hashable) configurations::
@@ -932,8 +959,7 @@ def build_config(
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
-    tdef = nnx.graphdef(target)
-    ddef = draft if ngram else nnx.graphdef(draft)
+    tdef, ddef = graphdefs if graphdefs is not None else (nnx.graphdef(target), draft if ngram else nnx.graphdef(draft))
     mesh = _check_mesh(mesh, target, None if ngram else draft)
     rows = _check_rows(rows, mesh, on_round)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
@@ -952,15 +978,16 @@ def build_ar_config(
     top_p: float | None = None,
     on_round: Callable | None = None,
     mesh: Mesh | None = None,
+    graphdef=None,
 ) -> tuple[ARConfig, float]:
     """The static configuration :func:`generate_autoregressive` compiles for prompts padded
     to ``prompt_length`` tokens, with its arguments validated; ``(config, temperature)``
-    (see :func:`build_config`)."""
+    (see :func:`build_config`; ``graphdef``: the target's, when the caller has it)."""
     check_transformer("target", target)
     _check_prompt_length(prompt_length)
     m = _check_budget(max_new_tokens)
     warp, temp = _warp("", temperature, top_k, top_p)
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
-    return ARConfig(nnx.graphdef(target), warp, m, capacity, on_round=_check_on_round(on_round),
+    return ARConfig(nnx.graphdef(target) if graphdef is None else graphdef, warp, m, capacity, on_round=_check_on_round(on_round),
                     mesh=_check_mesh(mesh, target, None)), temp

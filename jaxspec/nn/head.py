@@ -37,7 +37,7 @@ from safetensors.numpy import save_file
 
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.config import ModelConfig
-from jaxspec.nn.model import DecoderLayer, RMSNorm, Transformer, write_and_attend
+from jaxspec.nn.model import FORWARD_SCOPE, DecoderLayer, RMSNorm, Transformer, write_and_attend
 
 __all__ = [
     "HEAD_KEY",
@@ -104,9 +104,10 @@ class FeatureHead(nnx.Module):
         return self.fc(x.astype(self.config.param_dtype)).astype(_F32)
 
     def __call__(self, target: Transformer, feats, tokens, positions, cache: KVCache, attention_mask):
-        x = self.inputs(target, feats, tokens)
-        x, cache = write_and_attend(self.layers, x, positions, cache, attention_mask)
-        return self.norm(x), cache
+        with jax.named_scope(FORWARD_SCOPE):
+            x = self.inputs(target, feats, tokens)
+            x, cache = write_and_attend(self.layers, x, positions, cache, attention_mask)
+            return self.norm(x), cache
 
     def teacher_forced(self, target: Transformer, tokens, feats):
         """Training and evaluation without a cache: ``tokens int32[B, T]`` and the target's

@@ -16,6 +16,9 @@ tokens with :func:`jaxspec.nn.cache.advance` (contiguous) or :func:`jaxspec.nn.c
     mask = tree_cache_mask(cache.lengths, tm, cache.capacity)   # bool[B, N, S]
     logits, cache = model(node_tokens, pos, cache, mask)        # node j at slot lengths + j
 
+Every forward runs under ``jax.named_scope("forward")`` (:data:`FORWARD_SCOPE`), so a profile
+tells model work from the work around it.
+
 Numerics: parameters and the KV cache in ``config.dtype`` (float32 or bfloat16); the
 residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits in
 float32. Masked scores use the most negative float32, so a fully masked row yields a
@@ -76,7 +79,13 @@ __all__ = [
     "decode_step",
     "apply_rope",
     "write_and_attend",
+    "FORWARD_SCOPE",
 ]
+
+#: the :func:`jax.named_scope` of every model forward (the decoder stack and the LM head),
+#: so that a profile of a round separates model work from the rest
+#: (:mod:`jaxspec.bench.scopes`)
+FORWARD_SCOPE = "forward"
 
 _F32 = jnp.float32
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -208,11 +217,12 @@ class Transformer(nnx.Module):
         """Features ``[B, T, D]`` (after the final norm, see :meth:`features`) -> float32
         logits ``[B, T, V]`` through the LM head (the embedding when tied). A feature-level
         draft head (:class:`jaxspec.nn.head.FeatureHead`) reads its logits here too."""
-        if self.lm_head is None:
-            w = self.embed_tokens.embedding[...].T  # [D, V]
-        else:
-            w = self.lm_head.kernel[...]  # [D, V]
-        return jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+        with jax.named_scope(FORWARD_SCOPE):
+            if self.lm_head is None:
+                w = self.embed_tokens.embedding[...].T  # [D, V]
+            else:
+                w = self.lm_head.kernel[...]  # [D, V]
+            return jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
@@ -244,8 +254,9 @@ class Transformer(nnx.Module):
         positions = jnp.asarray(positions)
         attention_mask = jnp.asarray(attention_mask)
         _check_forward_shapes(self.config, tokens, positions, cache, attention_mask)
-        x, cache = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask)
-        return self.norm(x), cache
+        with jax.named_scope(FORWARD_SCOPE):
+            x, cache = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask)
+            return self.norm(x), cache
 
 
 def write_and_attend(layers, x, positions, cache: KVCache, attention_mask) -> tuple[jax.Array, KVCache]:

@@ -1,0 +1,310 @@
+"""What a round of :func:`jaxspec.generate` costs against the model forwards it runs.
+
+For each batch size, tree and temperature, on the default pair, taking turns in one process
+(:func:`jaxspec.bench.common.interleaved_turns`, medians over ``repeats`` turns):
+
+* ``generate``: a whole :func:`jaxspec.generate` call (argument checks, splitting the
+  models, dispatch, prefill and the loop), what a user times;
+* ``compiled``: the same compiled program called on models split once
+  (:func:`jaxspec.decode.generate.run_compiled`): the device's part of the call;
+* ``prefill``: the program's prefill alone (:func:`jaxspec.decode.generate.start_program`);
+* ``draft`` and ``verify``: the round's model forwards at the generation's cache capacity,
+  each a jitted ``fori_loop`` (:func:`jaxspec.bench.common.forward_loop`): the draft's
+  forwards of one round (2 tokens, then each level above the deepest) and the one
+  verification forward of ``N + 1`` tokens.
+
+and the same for target-only (:func:`jaxspec.generate_autoregressive` against one
+1-token target forward). A row reports, per round (``loop_rounds`` of the call)::
+
+    round_ms        = (generate - prefill) / loop_rounds
+    device_round_ms = (compiled - prefill) / loop_rounds
+    model_ms        = draft + verify
+    round_over_model        = round_ms / model_ms            (the issue's goal: <= 1.1)
+    device_round_over_model = device_round_ms / model_ms
+    host_ms_per_call        = the host's work in a generate call beyond the compiled call's
+                              (their times to *return*, dispatch being asynchronous)
+
+Each row also carries a profile of one compiled call (:func:`jaxspec.bench.scopes.profile_scopes`):
+the share of device time in each of the round's named scopes, with model forwards (the
+``forward`` scope of :mod:`jaxspec.nn.model`) apart from the work around them
+(``propose``: masks, draft warps and draws; ``accept``; ``commit``; ``emit``; ``loop``:
+keys and counters; ``outside``: what is not a round). The profiler costs time per
+operation, so scopes of many small operations read high; the shares say where the time
+goes, the timings above say how much there is.
+
+    report = run("tiny")
+    sorted(report["headline"])   # ['device_round_over_model_max', 'round_over_model_max', ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.bench import common, scopes
+
+# the module itself: the package re-exports the function ``generate`` under the same name
+from jaxspec.decode import generate as gen
+from jaxspec.core.treespec import parse_tree
+
+__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "draft_widths", "run", "headline", "table", "plot"]
+
+NAME = "round_cost"
+#: the scopes a round's operations are charged to (``forward`` nests inside the others)
+SCOPES = ("propose", "verify", "accept", "commit", "emit", "forward")
+GOAL = 1.1  # round time over model work, from the issue that asked for this benchmark
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCostConfig:
+    batches: tuple[int, ...]
+    trees: tuple[str, ...]
+    temperatures: tuple[float, ...]
+    max_new_tokens: int
+    repeats: int
+    loops: int = 16  # forwards per cost measurement
+    models: str = "default"
+    profile: bool = True
+
+
+CONFIGS = {
+    "full": RoundCostConfig(batches=(1, 8), trees=("chain:4", "branch:3,2,1"), temperatures=(0.0, 1.0),
+                            max_new_tokens=128, repeats=7),
+    "quick": RoundCostConfig(batches=(1, 8), trees=("chain:4", "branch:2,2"), temperatures=(0.0,),
+                             max_new_tokens=48, repeats=3),
+    "tiny": RoundCostConfig(batches=(1,), trees=("chain:2",), temperatures=(1.0,), max_new_tokens=8, repeats=1,
+                            loops=2, models="tiny"),
+}
+
+
+def _prompts(batch: int) -> list[list[int]]:
+    from jaxspec.bench.decode import BATCH_PROMPTS, DEFAULT_PROMPT  # noqa: PLC0415
+    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+
+    texts = [DEFAULT_PROMPT] if batch == 1 else list(BATCH_PROMPTS[:batch])
+    return [ByteTokenizer().encode(t, add_bos=True) for t in texts]
+
+
+def _padded(prompts: list[list[int]]) -> tuple[jax.Array, jax.Array]:
+    """``(int32[B, T] right-padded with 0, int32[B] lengths)``, as :func:`jaxspec.generate` pads."""
+    lens = np.asarray([len(p) for p in prompts], np.int32)
+    out = np.zeros((len(prompts), int(lens.max())), np.int32)
+    for i, p in enumerate(prompts):
+        out[i, : len(p)] = p
+    return jnp.asarray(out), jnp.asarray(lens)
+
+
+def draft_widths(spec) -> tuple[int, ...]:
+    """Tokens of each draft forward of one round of a static tree: the ``[prev, root]``
+    pair, then every level but the deepest (:func:`jaxspec.decode.draft.propose_static`)."""
+    return (2,) + tuple(e - s for s, e in spec.levels[:-1])
+
+
+def run(size: str = "quick", *, config: RoundCostConfig | None = None) -> dict:
+    """Measure every (batch, tree, temperature) of ``CONFIGS[size]`` (or ``config``)."""
+    cfg = CONFIGS[common.check_size(size)] if config is None else config
+    target, draft = common.model_pair(cfg.models)
+    rows, target_only = [], []
+    for batch in cfg.batches:
+        prompts = _prompts(batch)
+        tokens, lens = _padded(prompts)
+        for temp in cfg.temperatures:
+            target_only.append(_target_only(cfg, target, prompts, tokens, lens, temp))
+            for tree in cfg.trees:
+                rows.append(_speculative(cfg, target, draft, prompts, tokens, lens, temp, tree))
+    report = {"benchmark": NAME, "size": size, "quick": size != "full", "machine": common.machine_info(),
+              "config": dataclasses.asdict(cfg), "goal": GOAL, "rows": rows, "target_only": target_only}
+    report["headline"] = headline(report)
+    return report
+
+
+def _returning(fn, seconds: list[float]):
+    """``fn`` that also appends to ``seconds`` how long each timed call (``i >= 0``) took to
+    *return*: dispatch is asynchronous, so that is the host's work before the device runs."""
+    def f(i):
+        t0 = time.perf_counter()
+        out = fn(i)
+        if i >= 0:
+            seconds.append(time.perf_counter() - t0)
+        return out
+    return f
+
+
+def _host_fields(returned: dict[str, list[float]]) -> dict:
+    """The medians of the times to return of a ``generate`` call and of the compiled call
+    (``generate_return_ms``, ``compiled_return_ms``), and their difference
+    ``host_ms_per_call``: the host's work in ``generate`` beyond the compiled call's own dispatch."""
+    g, c = (statistics.median(returned[k]) * 1e3 for k in ("generate", "compiled"))
+    return {"generate_return_ms": g, "compiled_return_ms": c, "host_ms_per_call": g - c}
+
+
+def _profile(fn, args, rounds: int) -> dict:
+    """Scope shares of one profiled call of the jitted ``fn(*args)``, and operations per round."""
+    prof = scopes.profile_scopes(fn, args, SCOPES)
+    return {"shares": scopes.shares(prof["seconds"]),
+            "ops_per_round": {k: v / max(rounds, 1) for k, v in prof["ops"].items()}}
+
+
+def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, temp: float, tree: str) -> dict:
+    from jaxspec.bench.decode import sibling_scheme  # noqa: PLC0415
+
+    spec = parse_tree(tree)
+    scheme = sibling_scheme(spec, temp)
+    m = cfg.max_new_tokens
+    tdef, tstate = nnx.split(target)
+    ddef, dstate = nnx.split(draft)
+    scfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=m,
+                                            tree=spec, scheme=scheme, temperature=temp, graphdefs=(tdef, ddef))
+    prefill = jax.jit(lambda ts, ds, tok, ln: gen.start_program(scfg, ts, ds, tok, ln))
+    fill = int(np.mean(np.asarray(lens))) + m // 2  # the cache fill at which forwards are costed
+    b = tokens.shape[0]
+
+    def call(i):
+        return gen.generate(jax.random.key(2000 + i), target, draft, prompts, max_new_tokens=m, tree=spec,
+                            scheme=scheme, temperature=temp, stop_tokens=())
+
+    def compiled(i):
+        return gen.run_compiled(scfg, tstate, dstate, jax.random.key(2000 + i), tokens, lens, t_temp, d_temp, ())
+
+    returned: dict[str, list[float]] = {"generate": [], "compiled": []}
+    fns = {"generate": _returning(call, returned["generate"]), "compiled": _returning(compiled, returned["compiled"]), "prefill": lambda i: prefill(tstate, dstate, tokens, lens),
+           "draft": common.forward_loop(draft, b, draft_widths(spec), scfg.capacity, fill, cfg.loops),
+           "verify": common.forward_loop(target, b, (spec.num_nodes + 1,), scfg.capacity, fill, cfg.loops)}
+    turns, outs = common.interleaved_turns(fns, cfg.repeats)
+    sec = common.medians(turns)
+    rounds = outs["generate"].summary()["loop_rounds"]
+    draft_ms, verify_ms = (sec[k] / cfg.loops * 1e3 for k in ("draft", "verify"))
+    model_ms = draft_ms + verify_ms
+    round_ms = (sec["generate"] - sec["prefill"]) / rounds * 1e3
+    device_ms = (sec["compiled"] - sec["prefill"]) / rounds * 1e3
+    row = {"batch": b, "temperature": temp, "tree": tree, "scheme": scheme, "num_nodes": spec.num_nodes,
+           "draft_forwards": list(draft_widths(spec)), "capacity": scfg.capacity, "loop_rounds": rounds,
+           "tau": outs["generate"].summary()["tokens_per_target_call"],
+           "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
+           **_host_fields(returned),
+           "round_ms": round_ms, "device_round_ms": device_ms, "draft_ms": draft_ms, "verify_ms": verify_ms,
+           "model_ms": model_ms, "round_over_model": round_ms / model_ms,
+           "device_round_over_model": device_ms / model_ms}
+    if cfg.profile:
+        args = (tstate, dstate, jax.random.key(0), tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp),
+                jnp.full((1,), -1, jnp.int32))
+        row["profile"] = _profile(gen.compiled(scfg), args, rounds)
+    common.log(f"round_cost: B={b} T={temp:g} {tree:14s} round {round_ms:.3f} ms (device {device_ms:.3f}) vs "
+               f"model {model_ms:.3f} (draft {draft_ms:.3f} + verify {verify_ms:.3f}): "
+               f"{row['round_over_model']:.2f}x ({row['device_round_over_model']:.2f}x on device), "
+               f"host {row['host_ms_per_call']:.1f} ms/call")
+    return row
+
+
+def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: float) -> dict:
+    m = cfg.max_new_tokens
+    tdef, tstate = nnx.split(target)
+    acfg, a_temp = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=m, temperature=temp,
+                                       graphdef=tdef)
+    prefill = jax.jit(lambda ts, tok, ln: gen.start_program(acfg, ts, None, tok, ln))
+    fill = int(np.mean(np.asarray(lens))) + m // 2
+    b = tokens.shape[0]
+
+    def call(i):
+        return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
+                                           temperature=temp, stop_tokens=())
+
+    def compiled(i):
+        return gen.run_compiled_autoregressive(acfg, tstate, jax.random.key(1000 + i), tokens, lens, a_temp, ())
+
+    returned: dict[str, list[float]] = {"generate": [], "compiled": []}
+    fns = {"generate": _returning(call, returned["generate"]), "compiled": _returning(compiled, returned["compiled"]), "prefill": lambda i: prefill(tstate, tokens, lens),
+           "forward": common.forward_loop(target, b, (1,), acfg.capacity, fill, cfg.loops)}
+    turns, outs = common.interleaved_turns(fns, cfg.repeats)
+    sec = common.medians(turns)
+    steps = int(np.asarray(outs["generate"].lengths).max())
+    forward_ms = sec["forward"] / cfg.loops * 1e3
+    step_ms = (sec["generate"] - sec["prefill"]) / steps * 1e3
+    device_ms = (sec["compiled"] - sec["prefill"]) / steps * 1e3
+    row = {"batch": b, "temperature": temp, "capacity": acfg.capacity, "steps": steps,
+           "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
+           **_host_fields(returned), "step_ms": step_ms,
+           "device_step_ms": device_ms, "forward_ms": forward_ms, "step_over_forward": step_ms / forward_ms,
+           "device_step_over_forward": device_ms / forward_ms}
+    common.log(f"round_cost: B={b} T={temp:g} target-only step {step_ms:.3f} ms (device {device_ms:.3f}) vs "
+               f"forward {forward_ms:.3f}: {row['step_over_forward']:.2f}x, host {row['host_ms_per_call']:.1f} ms/call")
+    return row
+
+
+def headline(report: dict) -> dict:
+    """The worst (largest) ratio of each kind over the rows: ``round_over_model_max``,
+    ``device_round_over_model_max`` (speculative rounds over their model forwards) and
+    ``target_only_step_over_forward_max``."""
+    return {"round_over_model_max": max(r["round_over_model"] for r in report["rows"]),
+            "device_round_over_model_max": max(r["device_round_over_model"] for r in report["rows"]),
+            "target_only_step_over_forward_max": max(r["step_over_forward"] for r in report["target_only"])}
+
+
+def _non_forward(row: dict) -> float:
+    """Share of the profiled device time outside model forwards and outside the prefill."""
+    sh = row.get("profile", {}).get("shares", {})
+    return sum(v for k, v in sh.items() if "forward" not in k.split("/") and k != scopes.OUTSIDE)
+
+
+def table(report: dict) -> str:
+    """Markdown: one line per speculative row, then one per target-only row."""
+    lines = ["| batch | T | tree | model ms (draft + verify) | round ms in generate | on device | "
+             "round / model | on device | host ms/call | profile: not forwards |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        prof = f"{_non_forward(r) * 100:.1f}%" if "profile" in r else "-"
+        lines.append(f"| {r['batch']} | {r['temperature']:g} | {r['tree']} | {r['model_ms']:.3f} "
+                     f"({r['draft_ms']:.3f} + {r['verify_ms']:.3f}) | {r['round_ms']:.3f} | "
+                     f"{r['device_round_ms']:.3f} | "
+                     f"{r['round_over_model']:.2f}× | {r['device_round_over_model']:.2f}× | "
+                     f"{r['host_ms_per_call']:.1f} | {prof} |")
+    lines += ["", "| batch | T | target forward ms | step ms in generate_autoregressive | on device | "
+              "step / forward | on device | host ms/call |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["target_only"]:
+        lines.append(f"| {r['batch']} | {r['temperature']:g} | {r['forward_ms']:.3f} | {r['step_ms']:.3f} | "
+                     f"{r['device_step_ms']:.3f} | {r['step_over_forward']:.2f}× | "
+                     f"{r['device_step_over_forward']:.2f}× | {r['host_ms_per_call']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    """Left: per row, the model work (draft + verify, stacked) beside the round's time on
+    the device and in ``generate``, with the goal line at 1.1 × model work. Right: the
+    profile's shares per scope."""
+    plt = common.pyplot()
+    rows = report["rows"]
+    labels = [f"B{r['batch']} T{r['temperature']:g}\n{r['tree']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(rows)) * 2, 4.4))
+    ax.bar(x - 0.27, [r["verify_ms"] for r in rows], 0.27, color="C0", label="verify forward")
+    ax.bar(x - 0.27, [r["draft_ms"] for r in rows], 0.27, bottom=[r["verify_ms"] for r in rows], color="C9",
+           label="draft forwards")
+    ax.bar(x, [r["device_round_ms"] for r in rows], 0.27, color="C1", label="round on device")
+    ax.bar(x + 0.27, [r["round_ms"] for r in rows], 0.27, color="C3", label="round in generate()")
+    for i, r in enumerate(rows):
+        ax.plot([i - 0.4, i + 0.4], [report["goal"] * r["model_ms"]] * 2, color="k", lw=0.8, ls="--")
+        ax.text(i + 0.27, r["round_ms"], f"{r['round_over_model']:.2f}×", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("ms per round")
+    ax.set_title(f"round vs model work (dashed: {report['goal']:g} × model work)", fontsize=9)
+    ax.legend(fontsize=7)
+    names = sorted({k for r in rows for k in r.get("profile", {}).get("shares", {})},
+                   key=lambda k: ("forward" not in k.split("/"), k))
+    bottom = np.zeros(len(rows))
+    for j, k in enumerate(names):
+        vals = np.asarray([r.get("profile", {}).get("shares", {}).get(k, 0.0) for r in rows])
+        ax2.bar(x, vals, 0.6, bottom=bottom, label=k, color=plt.cm.tab20(j % 20))
+        bottom += vals
+    ax2.set_xticks(x, labels, fontsize=7)
+    ax2.set_ylabel("share of profiled device time")
+    ax2.set_title("where a call's device time goes (jax.profiler, by named scope)", fontsize=9)
+    ax2.legend(fontsize=6, ncol=2, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
