@@ -150,6 +150,7 @@ def test_tiny_report(tmp_path):
     (row,) = report["rows"]
     assert row["batch"] == 1 and row["tree"] == "chain:2" and row["draft_forwards"] == [2, 1]
     assert row["model_ms"] == pytest.approx(row["draft_ms"] + row["verify_ms"])
+    assert row["forwards_in_turn_ms"] > 0
     assert row["round_ms"] == pytest.approx((row["generate_s"] - row["prefill_s"]) / row["loop_rounds"] * 1e3)
     assert row["round_over_model"] == pytest.approx(row["round_ms"] / row["model_ms"])
     assert row["device_round_over_model"] == pytest.approx(row["device_round_ms"] / row["model_ms"])

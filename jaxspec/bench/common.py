@@ -73,39 +73,45 @@ def model_pair(kind: str):
     return load_model("default-target"), load_model("default-draft")
 
 
-def forward_loop(model, batch: int, widths: Sequence[int], capacity: int, prefix: int, loops: int) -> Callable:
-    """A callable ``f(i)`` running ``loops`` iterations of one jitted ``fori_loop``, each
-    iteration forwarding ``widths[0]``, then ``widths[1]``, ... new tokens (causal among
-    themselves) for ``batch`` rows over a cache of ``capacity`` slots holding ``prefix``
-    tokens: divide its time by ``loops`` for the cost of those forwards, dispatch excluded.
-    ``widths=(5,)`` costs a 5-token verification; ``(2, 1, 1, 1)`` a chain's draft forwards."""
+def forward_loop(steps: Sequence[tuple], batch: int, capacity: int, prefix: int, loops: int) -> Callable:
+    """A callable ``f(i)`` running ``loops`` iterations of one jitted ``fori_loop``; each
+    iteration runs the forwards ``steps``, ``(model, t)`` pairs in order: ``t`` new tokens
+    (causal among themselves) for ``batch`` rows over that model's cache of ``capacity``
+    slots holding ``prefix`` tokens. Divide its time by ``loops`` for the cost of those
+    forwards, dispatch excluded: ``[(target, 5)]`` costs a 5-token verification,
+    ``[(draft, 2), (draft, 1), (draft, 1), (draft, 1)]`` a chain's draft forwards, and both
+    lists joined the forwards of a round in the order a round runs them."""
     import jax.numpy as jnp  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
 
     from jaxspec.nn.cache import init_cache  # noqa: PLC0415
     from jaxspec.nn.masks import tree_cache_mask  # noqa: PLC0415
 
-    gdef, state = nnx.split(model)
-    cache = init_cache(model.config, batch, capacity).replace(lengths=jnp.full((batch,), prefix, jnp.int32))
-    widths = tuple(int(w) for w in widths)
+    models = list(dict.fromkeys(m for m, _ in steps))  # one cache per distinct model
+    split = [nnx.split(m) for m in models]
+    which = [models.index(m) for m, _ in steps]
+    widths = [int(t) for _, t in steps]
+    caches = [init_cache(m.config, batch, capacity).replace(lengths=jnp.full((batch,), prefix, jnp.int32))
+              for m in models]
 
     @jax.jit
-    def run(state, cache):
-        m = nnx.merge(gdef, state)
+    def run(states, caches):
+        ms = [nnx.merge(g, st) for (g, _), st in zip(split, states)]
 
         def body(i, carry):
-            cache, acc = carry
-            for t in widths:
-                mask = tree_cache_mask(cache.lengths, np.tril(np.ones((t, t), bool)), capacity)  # [B, t, S]
-                pos = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, t]
-                tokens = jnp.full((batch, t), i % 2, jnp.int32)
-                logits, cache = m(tokens, pos, cache, mask)  # [B, t, V]
+            caches, acc = carry
+            caches = list(caches)
+            for j, t in zip(which, widths):
+                mask = tree_cache_mask(caches[j].lengths, np.tril(np.ones((t, t), bool)), capacity)  # [B, t, S]
+                pos = caches[j].lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, t]
+                logits, caches[j] = ms[j](jnp.full((batch, t), i % 2, jnp.int32), pos, caches[j], mask)
                 acc = acc + logits[0, -1, 0]
-            return cache, acc
+            return tuple(caches), acc
 
-        return jax.lax.fori_loop(0, loops, body, (cache, jnp.float32(0)))[1]
+        return jax.lax.fori_loop(0, loops, body, (tuple(caches), jnp.float32(0)))[1]
 
-    return lambda i: run(state, cache)
+    states = [st for _, st in split]
+    return lambda i: run(states, caches)
 
 
 def held_out_prompts(lengths: Sequence[int], max_files: int | None) -> list[list[int]]:

@@ -227,8 +227,8 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
         prompt_lens[batch] = lens
         cap = min(max(lens) + m + 64 + 1, ctx)
         mid = int(np.mean(lens)) + m // 2  # cache fill at which forwards are costed
-        target_step = common.forward_loop(target, batch, (1,), cap, mid, cfg.loops)
-        draft_step = common.forward_loop(draft, batch, (1,), cap, mid, cfg.loops)
+        target_step = common.forward_loop([(target, 1)], batch, cap, mid, cfg.loops)
+        draft_step = common.forward_loop([(draft, 1)], batch, cap, mid, cfg.loops)
         for temp in cfg.temperatures:
 
             def ar(i, temp=temp, prompts=prompts):
@@ -251,7 +251,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
                                         tree=spec, scheme=scheme, temperature=temp, rule=rule, stop_tokens=())
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
-                       "verify": common.forward_loop(target, batch, (n + 1,), cap, mid, cfg.loops)}
+                       "verify": common.forward_loop([(target, n + 1)], batch, cap, mid, cfg.loops)}
                 turns, outs = common.interleaved_turns(fns, cfg.repeats)
                 row = _row(batch, temp, label, kind, scheme, spec, forwards, turns, outs, cfg.loops,
                            acceptance.get(temp))

@@ -11,7 +11,9 @@ For each batch size, tree and temperature, on the default pair, taking turns in 
 * ``draft`` and ``verify``: the round's model forwards at the generation's cache capacity,
   each a jitted ``fori_loop`` (:func:`jaxspec.bench.common.forward_loop`): the draft's
   forwards of one round (2 tokens, then each level above the deepest) and the one
-  verification forward of ``N + 1`` tokens.
+  verification forward of ``N + 1`` tokens;
+* ``forwards``: both in one loop, in the order a round runs them (the draft's, then the
+  target's): the same model work with the two models taking turns, as in a round.
 
 and the same for target-only (:func:`jaxspec.generate_autoregressive` against one
 1-token target forward). A row reports, per round (``loop_rounds`` of the call)::
@@ -19,6 +21,7 @@ and the same for target-only (:func:`jaxspec.generate_autoregressive` against on
     round_ms        = (generate - prefill) / loop_rounds
     device_round_ms = (compiled - prefill) / loop_rounds
     model_ms        = draft + verify
+    forwards_in_turn_ms = forwards (the same forwards, the models alternating)
     round_over_model        = round_ms / model_ms            (the issue's goal: <= 1.1)
     device_round_over_model = device_round_ms / model_ms
     host_ms_per_call        = the host's work in a generate call beyond the compiled call's
@@ -172,14 +175,19 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     def compiled(i):
         return gen.run_compiled(scfg, tstate, dstate, jax.random.key(2000 + i), tokens, lens, t_temp, d_temp, ())
 
+    draft_steps = [(draft, t) for t in draft_widths(spec)]
+    verify_step = [(target, spec.num_nodes + 1)]
     returned: dict[str, list[float]] = {"generate": [], "compiled": []}
-    fns = {"generate": _returning(call, returned["generate"]), "compiled": _returning(compiled, returned["compiled"]), "prefill": lambda i: prefill(tstate, dstate, tokens, lens),
-           "draft": common.forward_loop(draft, b, draft_widths(spec), scfg.capacity, fill, cfg.loops),
-           "verify": common.forward_loop(target, b, (spec.num_nodes + 1,), scfg.capacity, fill, cfg.loops)}
+    fns = {"generate": _returning(call, returned["generate"]),
+           "compiled": _returning(compiled, returned["compiled"]),
+           "prefill": lambda i: prefill(tstate, dstate, tokens, lens),
+           "draft": common.forward_loop(draft_steps, b, scfg.capacity, fill, cfg.loops),
+           "verify": common.forward_loop(verify_step, b, scfg.capacity, fill, cfg.loops),
+           "forwards": common.forward_loop(draft_steps + verify_step, b, scfg.capacity, fill, cfg.loops)}
     turns, outs = common.interleaved_turns(fns, cfg.repeats)
     sec = common.medians(turns)
     rounds = outs["generate"].summary()["loop_rounds"]
-    draft_ms, verify_ms = (sec[k] / cfg.loops * 1e3 for k in ("draft", "verify"))
+    draft_ms, verify_ms, forwards_ms = (sec[k] / cfg.loops * 1e3 for k in ("draft", "verify", "forwards"))
     model_ms = draft_ms + verify_ms
     round_ms = (sec["generate"] - sec["prefill"]) / rounds * 1e3
     device_ms = (sec["compiled"] - sec["prefill"]) / rounds * 1e3
@@ -189,7 +197,7 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
            "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
            **_host_fields(returned),
            "round_ms": round_ms, "device_round_ms": device_ms, "draft_ms": draft_ms, "verify_ms": verify_ms,
-           "model_ms": model_ms, "round_over_model": round_ms / model_ms,
+           "model_ms": model_ms, "forwards_in_turn_ms": forwards_ms, "round_over_model": round_ms / model_ms,
            "device_round_over_model": device_ms / model_ms}
     if cfg.profile:
         args = (tstate, dstate, jax.random.key(0), tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp),
@@ -219,8 +227,10 @@ def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: floa
         return gen.run_compiled_autoregressive(acfg, tstate, jax.random.key(1000 + i), tokens, lens, a_temp, ())
 
     returned: dict[str, list[float]] = {"generate": [], "compiled": []}
-    fns = {"generate": _returning(call, returned["generate"]), "compiled": _returning(compiled, returned["compiled"]), "prefill": lambda i: prefill(tstate, tokens, lens),
-           "forward": common.forward_loop(target, b, (1,), acfg.capacity, fill, cfg.loops)}
+    fns = {"generate": _returning(call, returned["generate"]),
+           "compiled": _returning(compiled, returned["compiled"]),
+           "prefill": lambda i: prefill(tstate, tokens, lens),
+           "forward": common.forward_loop([(target, 1)], b, acfg.capacity, fill, cfg.loops)}
     turns, outs = common.interleaved_turns(fns, cfg.repeats)
     sec = common.medians(turns)
     steps = int(np.asarray(outs["generate"].lengths).max())
@@ -254,13 +264,13 @@ def _non_forward(row: dict) -> float:
 
 def table(report: dict) -> str:
     """Markdown: one line per speculative row, then one per target-only row."""
-    lines = ["| batch | T | tree | model ms (draft + verify) | round ms in generate | on device | "
-             "round / model | on device | host ms/call | profile: not forwards |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| batch | T | tree | model ms (draft + verify) | same, models in turn | round ms in generate | "
+             "on device | round / model | on device | host ms/call | profile: not forwards |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         prof = f"{_non_forward(r) * 100:.1f}%" if "profile" in r else "-"
         lines.append(f"| {r['batch']} | {r['temperature']:g} | {r['tree']} | {r['model_ms']:.3f} "
-                     f"({r['draft_ms']:.3f} + {r['verify_ms']:.3f}) | {r['round_ms']:.3f} | "
+                     f"({r['draft_ms']:.3f} + {r['verify_ms']:.3f}) | {r['forwards_in_turn_ms']:.3f} | {r['round_ms']:.3f} | "
                      f"{r['device_round_ms']:.3f} | "
                      f"{r['round_over_model']:.2f}× | {r['device_round_over_model']:.2f}× | "
                      f"{r['host_ms_per_call']:.1f} | {prof} |")
