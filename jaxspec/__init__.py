@@ -20,7 +20,9 @@ Public API (see docs/DESIGN.md §5):
 * tree optimization: :func:`optimize_tree`, :func:`measure_acceptance`,
   :func:`branching_widths`; the tree for this device: :func:`auto_tree` (lazy,
   :mod:`jaxspec.tuning.autotree`);
-* statistics for exactness claims: :mod:`jaxspec.exactness.stats`.
+* statistics for exactness claims: :mod:`jaxspec.exactness.stats`;
+* faster random numbers on CPU, the same bits: :func:`use_unrolled_threefry`
+  (:mod:`jaxspec.core.cpu_rng`; the command line calls it).
 """
 
 #: the ``jaxspec`` subcommands, for the line below (tests/test_cli_robust.py checks them
@@ -71,6 +73,7 @@ def _exit_130_on_ctrl_c_while_the_command_starts() -> None:
 _exit_130_on_ctrl_c_while_the_command_starts()
 
 from jaxspec.core import sampling
+from jaxspec.core.cpu_rng import use_unrolled_threefry
 from jaxspec.core.acceptance import (
     AcceptResult,
     accept_probabilities,
@@ -139,7 +142,7 @@ __all__ = [
     "make_mesh", "measure_acceptance", "optimize_tree", "parse_tree", "prefill", "sample_categorical", "sampling", "save_head",
     "save_model", "sibling_laws", "speculative_accept", "tree_cache_mask", "tree_children", "tree_depths",
     "tree_mask", "tree_paths", "tree_positions", "validate_parents", "validate_warp_args", "warp_logits",
-    "warp_probs",
+    "use_unrolled_threefry", "warp_probs",
     # imported on first use (see _LAZY)
     "exactness", "mutants", "stats", "verify", "VerifyReport", "HFTokenizer", "load_tokenizer", "autotree",
     "auto_tree", "AutoTreeResult",

@@ -56,7 +56,7 @@ from jaxspec.bench import common, scopes
 from jaxspec.decode import generate as gen
 from jaxspec.core.treespec import parse_tree
 
-__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "draft_widths", "run", "headline", "table", "plot"]
+__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "prompts", "padded", "draft_widths", "run", "headline", "table", "plot"]
 
 NAME = "round_cost"
 #: the scopes a round's operations are charged to (``forward`` nests inside the others)
@@ -86,7 +86,9 @@ CONFIGS = {
 }
 
 
-def _prompts(batch: int) -> list[list[int]]:
+def prompts(batch: int) -> list[list[int]]:
+    """The decode benchmark's prompts (:mod:`jaxspec.bench.decode`): one at batch 1, else
+    ``batch`` prompts of different lengths, byte-tokenized with BOS."""
     from jaxspec.bench.decode import BATCH_PROMPTS, DEFAULT_PROMPT  # noqa: PLC0415
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
@@ -94,7 +96,7 @@ def _prompts(batch: int) -> list[list[int]]:
     return [ByteTokenizer().encode(t, add_bos=True) for t in texts]
 
 
-def _padded(prompts: list[list[int]]) -> tuple[jax.Array, jax.Array]:
+def padded(prompts: list[list[int]]) -> tuple[jax.Array, jax.Array]:
     """``(int32[B, T] right-padded with 0, int32[B] lengths)``, as :func:`jaxspec.generate` pads."""
     lens = np.asarray([len(p) for p in prompts], np.int32)
     out = np.zeros((len(prompts), int(lens.max())), np.int32)
@@ -115,12 +117,12 @@ def run(size: str = "quick", *, config: RoundCostConfig | None = None) -> dict:
     target, draft = common.model_pair(cfg.models)
     rows, target_only = [], []
     for batch in cfg.batches:
-        prompts = _prompts(batch)
-        tokens, lens = _padded(prompts)
+        ps = prompts(batch)
+        tokens, lens = padded(ps)
         for temp in cfg.temperatures:
-            target_only.append(_target_only(cfg, target, prompts, tokens, lens, temp))
+            target_only.append(_target_only(cfg, target, ps, tokens, lens, temp))
             for tree in cfg.trees:
-                rows.append(_speculative(cfg, target, draft, prompts, tokens, lens, temp, tree))
+                rows.append(_speculative(cfg, target, draft, ps, tokens, lens, temp, tree))
     report = {"benchmark": NAME, "size": size, "quick": size != "full", "machine": common.machine_info(),
               "config": dataclasses.asdict(cfg), "goal": GOAL, "rows": rows, "target_only": target_only}
     report["headline"] = headline(report)
