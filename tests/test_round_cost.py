@@ -173,3 +173,21 @@ def testdraft_widths_of_a_round():
 
     assert round_cost.draft_widths(parse_tree("chain:4")) == (2, 1, 1, 1)
     assert round_cost.draft_widths(parse_tree("branch:3,2,1")) == (2, 3, 6)
+
+
+def test_graphdefs_passed_in_are_checked():
+    target, draft = default_pair(0, vocab_size=16, hidden_size=16)
+    kw = dict(prompt_length=3, max_new_tokens=4, tree="chain:2")
+    with pytest.raises(ValueError, match=r"graphdefs = a GraphDef: expected \(target graphdef, draft graphdef\)"):
+        gen.build_config(target, draft, graphdefs=nnx.graphdef(target), **kw)
+    with pytest.raises(ValueError, match=r"graphdefs\[1\] = State: expected an nnx.GraphDef"):
+        gen.build_config(target, draft, graphdefs=nnx.split(target), **kw)
+    with pytest.raises(ValueError, match=r"graphdef = State: expected an nnx.GraphDef"):
+        gen.build_ar_config(target, prompt_length=3, max_new_tokens=4, graphdef=nnx.state(target))
+    from jaxspec.decode.ngram import NgramDraft
+
+    ng = NgramDraft()
+    cfg = gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), ng), **kw)[0]
+    assert cfg == gen.build_config(target, ng, **kw)[0]
+    with pytest.raises(ValueError, match=r"graphdefs\[1\]: expected the n-gram draft itself"):
+        gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), NgramDraft(max_ngram=2)), **kw)

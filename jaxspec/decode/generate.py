@@ -553,6 +553,27 @@ def _check_rows(rows, mesh, on_round) -> int | None:
     return int(rows)
 
 
+def _check_graphdef(name: str, graphdef) -> nnx.GraphDef:
+    if not isinstance(graphdef, nnx.GraphDef):
+        raise ValueError(f"{name} = {type(graphdef).__name__}: expected an nnx.GraphDef (the first half of nnx.split)")
+    return graphdef
+
+
+def _check_graphdefs(graphdefs, draft) -> tuple:
+    """``graphdefs`` of :func:`build_config`: the target's ``nnx.GraphDef`` and the
+    draft's (an n-gram draft is its own definition). Which models they describe cannot be
+    checked without the traversal that passing them in avoids."""
+    if not isinstance(graphdefs, tuple) or len(graphdefs) != 2:
+        what = f"a tuple of {len(graphdefs)}" if isinstance(graphdefs, tuple) else f"a {type(graphdefs).__name__}"
+        raise ValueError(f"graphdefs = {what}: expected (target graphdef, draft graphdef) from nnx.split")
+    tdef = _check_graphdef("graphdefs[0]", graphdefs[0])
+    if isinstance(draft, NgramDraft):
+        if graphdefs[1] is not draft:
+            raise ValueError("graphdefs[1]: expected the n-gram draft itself (it is its own definition)")
+        return tdef, draft
+    return tdef, _check_graphdef("graphdefs[1]", graphdefs[1])
+
+
 def _check_budget(max_new_tokens) -> int:
     if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r}: expected an integer >= 1")
@@ -959,7 +980,10 @@ def build_config(
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
-    tdef, ddef = graphdefs if graphdefs is not None else (nnx.graphdef(target), draft if ngram else nnx.graphdef(draft))
+    if graphdefs is None:
+        tdef, ddef = nnx.graphdef(target), draft if ngram else nnx.graphdef(draft)
+    else:
+        tdef, ddef = _check_graphdefs(graphdefs, draft)
     mesh = _check_mesh(mesh, target, None if ngram else draft)
     rows = _check_rows(rows, mesh, on_round)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
@@ -989,5 +1013,6 @@ def build_ar_config(
     warp, temp = _warp("", temperature, top_k, top_p)
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
-    return ARConfig(nnx.graphdef(target) if graphdef is None else graphdef, warp, m, capacity, on_round=_check_on_round(on_round),
+    tdef = nnx.graphdef(target) if graphdef is None else _check_graphdef("graphdef", graphdef)
+    return ARConfig(tdef, warp, m, capacity, on_round=_check_on_round(on_round),
                     mesh=_check_mesh(mesh, target, None)), temp
