@@ -76,8 +76,9 @@ def test_profile_charges_the_work_to_its_scope():
     x = jnp.ones((256, 256), jnp.float32)
     jax.block_until_ready(f(x))
     prof = scopes.profile_scopes(f, (x,), SCOPES, calls=2)
-    assert prof["calls"] == 2 and prof["unattributed_seconds"] == 0.0
+    assert prof["calls"] == 2
     sh = scopes.shares(prof["seconds"])
+    assert prof["unattributed_seconds"] < 0.05 * sum(prof["seconds"].values())  # the loop's own plumbing at most
     assert sum(sh.values()) == pytest.approx(1.0)
     assert sh["verify"] > 0.5 and sh["verify"] > 5 * sh.get("propose", 0.0)
     assert prof["ops"]["verify"] >= 2 * 20 * 4  # at least the 4 dots of 20 iterations, twice
@@ -168,7 +169,7 @@ def test_tiny_report(tmp_path):
     assert f"{row['round_over_model']:.2f}×" in tab and f"{ar['step_over_forward']:.2f}×" in tab
 
 
-def testdraft_widths_of_a_round():
+def test_draft_widths_of_a_round():
     from jaxspec.core.treespec import parse_tree
 
     assert round_cost.draft_widths(parse_tree("chain:4")) == (2, 1, 1, 1)
@@ -189,5 +190,5 @@ def test_graphdefs_passed_in_are_checked():
     ng = NgramDraft()
     cfg = gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), ng), **kw)[0]
     assert cfg == gen.build_config(target, ng, **kw)[0]
-    with pytest.raises(ValueError, match=r"graphdefs\[1\]: expected the n-gram draft itself"):
+    with pytest.raises(ValueError, match=r"graphdefs\[1\] = NgramDraft\(.*\): expected the n-gram draft itself"):
         gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), NgramDraft(max_ngram=2)), **kw)

@@ -33,7 +33,9 @@ the share of device time in each of the round's named scopes, with model forward
 (``propose``: masks, draft warps and draws; ``accept``; ``commit``; ``emit``; ``loop``:
 keys and counters; ``outside``: what is not a round). The profiler costs time per
 operation, so scopes of many small operations read high; the shares say where the time
-goes, the timings above say how much there is.
+goes, the timings above say how much there is. (``forward`` alone is the prefill's
+forwards; ``unattributed_share`` is the time in operations no scope could be found for.)
+Every turn uses the same key, so every call runs the same rounds.
 
     report = run("tiny")
     sorted(report["headline"])   # ['device_round_over_model_max', 'round_over_model_max', ...]
@@ -92,6 +94,8 @@ def prompts(batch: int) -> list[list[int]]:
     from jaxspec.bench.decode import BATCH_PROMPTS, DEFAULT_PROMPT  # noqa: PLC0415
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
+    if not 1 <= batch <= len(BATCH_PROMPTS):
+        raise ValueError(f"batch = {batch!r}: expected 1 .. {len(BATCH_PROMPTS)} (the decode benchmark's prompts)")
     texts = [DEFAULT_PROMPT] if batch == 1 else list(BATCH_PROMPTS[:batch])
     return [ByteTokenizer().encode(t, add_bos=True) for t in texts]
 
@@ -152,8 +156,10 @@ def _host_fields(returned: dict[str, list[float]]) -> dict:
 def _profile(fn, args, rounds: int) -> dict:
     """Scope shares of one profiled call of the jitted ``fn(*args)``, and operations per round."""
     prof = scopes.profile_scopes(fn, args, SCOPES)
+    total = sum(prof["seconds"].values()) + prof["unattributed_seconds"]
     return {"shares": scopes.shares(prof["seconds"]),
-            "ops_per_round": {k: v / max(rounds, 1) for k, v in prof["ops"].items()}}
+            "ops_per_round": {k: v / max(rounds, 1) for k, v in prof["ops"].items()},
+            "unattributed_share": prof["unattributed_seconds"] / total}
 
 
 def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, temp: float, tree: str) -> dict:
@@ -170,12 +176,14 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     fill = int(np.mean(np.asarray(lens))) + m // 2  # the cache fill at which forwards are costed
     b = tokens.shape[0]
 
+    key = jax.random.key(2000)  # one key for every turn: every call runs the same rounds
+
     def call(i):
-        return gen.generate(jax.random.key(2000 + i), target, draft, prompts, max_new_tokens=m, tree=spec,
+        return gen.generate(key, target, draft, prompts, max_new_tokens=m, tree=spec,
                             scheme=scheme, temperature=temp, stop_tokens=())
 
     def compiled(i):
-        return gen.run_compiled(scfg, tstate, dstate, jax.random.key(2000 + i), tokens, lens, t_temp, d_temp, ())
+        return gen.run_compiled(scfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, ())
 
     draft_steps = [(draft, t) for t in draft_widths(spec)]
     verify_step = [(target, spec.num_nodes + 1)]
@@ -202,7 +210,7 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
            "model_ms": model_ms, "forwards_in_turn_ms": forwards_ms, "round_over_model": round_ms / model_ms,
            "device_round_over_model": device_ms / model_ms}
     if cfg.profile:
-        args = (tstate, dstate, jax.random.key(0), tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp),
+        args = (tstate, dstate, key, tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp),
                 jnp.full((1,), -1, jnp.int32))
         row["profile"] = _profile(gen.compiled(scfg), args, rounds)
     common.log(f"round_cost: B={b} T={temp:g} {tree:14s} round {round_ms:.3f} ms (device {device_ms:.3f}) vs "
@@ -221,12 +229,14 @@ def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: floa
     fill = int(np.mean(np.asarray(lens))) + m // 2
     b = tokens.shape[0]
 
+    key = jax.random.key(1000)
+
     def call(i):
-        return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
+        return gen.generate_autoregressive(key, target, prompts, max_new_tokens=m,
                                            temperature=temp, stop_tokens=())
 
     def compiled(i):
-        return gen.run_compiled_autoregressive(acfg, tstate, jax.random.key(1000 + i), tokens, lens, a_temp, ())
+        return gen.run_compiled_autoregressive(acfg, tstate, key, tokens, lens, a_temp, ())
 
     returned: dict[str, list[float]] = {"generate": [], "compiled": []}
     fns = {"generate": _returning(call, returned["generate"]),

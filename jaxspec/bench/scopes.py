@@ -12,8 +12,9 @@ HLO instruction came from (the ``op_name`` metadata of the compiled module)::
     prof["ops"]        # operations executed per scope
 
 Instructions without a scope of their own (XLA's fused dot kernels carry no metadata) take
-the scope of an operand, else of a user. Operations in a loop body under no listed scope
-are charged to ``"loop"``, the rest (e.g. the prefill before the loop) to ``"outside"``.
+the scope of an operand, else of a user (never through a parameter or a tuple, which every
+scope shares). Operations of a loop under no listed scope are charged to ``"loop"``, the
+rest (e.g. the prefill before the loop) to ``"outside"``.
 
 The profiler costs time per operation, so the seconds are those of the profiled run; use
 their *shares* (:func:`shares`) against an unprofiled timing. The trace format is the
@@ -41,6 +42,8 @@ OUTSIDE = "outside"
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _OPERANDS = re.compile(r"%([\w.\-]+)")
+_OPCODE = re.compile(r"\b([a-z][\w\-]*)\(")
+_PLUMBING = ("parameter", "tuple", "get-tuple-element")
 _CONTAINERS = ("while", "conditional", "call")  # their trace events enclose the operations inside
 
 
@@ -49,7 +52,7 @@ def _scope_of(op_name: str, scopes: Sequence[str]) -> str:
     inside = [p for p in parts if p in scopes]
     if inside:
         return "/".join(dict.fromkeys(inside))  # nested scopes: "propose/forward"
-    return LOOP if "body" in parts else OUTSIDE
+    return LOOP if "while" in parts else OUTSIDE  # a loop's body or condition runs every iteration
 
 
 def instruction_scopes(hlo_text: str, scopes: Sequence[str]) -> dict[str, str]:
@@ -60,15 +63,20 @@ def instruction_scopes(hlo_text: str, scopes: Sequence[str]) -> dict[str, str]:
     takes its first named operand's scope, else a user's."""
     named: dict[str, str] = {}
     operands: dict[str, list[str]] = {}
+    plumbing: set[str] = set()  # parameters and tuples: shared by every scope, never a scope's source
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m:
             continue
         inst = m.group(1)
+        rhs = line.split(" = ", 1)[1].split(", metadata=", 1)[0]
+        opcode = _OPCODE.search(rhs)
+        if opcode and opcode.group(1) in _PLUMBING:
+            plumbing.add(inst)
+            continue
         op = _OP_NAME.search(line)
         if op:
             named[inst] = _scope_of(op.group(1), scopes)
-        rhs = line.split(" = ", 1)[1].split(", metadata=", 1)[0]
         operands[inst] = [o for o in _OPERANDS.findall(rhs) if o != inst]
     users: dict[str, list[str]] = collections.defaultdict(list)
     for inst, ops in operands.items():
@@ -76,15 +84,14 @@ def instruction_scopes(hlo_text: str, scopes: Sequence[str]) -> dict[str, str]:
             users[o].append(inst)
     out = dict(named)
     for _ in range(8):  # chains of unnamed instructions (bitcast -> fusion -> dot) resolve in a few passes
-        changed = False
+        known = dict(out)  # each pass reads the previous one: the result does not depend on the order
         for inst in operands:
-            if inst in out:
+            if inst in known:
                 continue
-            near = [o for o in operands[inst] if o in out] or [u for u in users.get(inst, ()) if u in out]
+            near = [o for o in operands[inst] if o in known] or [u for u in users.get(inst, ()) if u in known]
             if near:
-                out[inst] = out[near[0]]
-                changed = True
-        if not changed:
+                out[inst] = known[near[0]]
+        if len(out) == len(known):
             break
     return out
 
@@ -96,8 +103,8 @@ def profile_scopes(fn: Callable, args: tuple, scopes: Sequence[str], *, calls: i
 
     Returns ``{"seconds": {scope: s}, "ops": {scope: count}, "calls": calls,
     "unattributed_seconds": s}``: totals over the calls of the profiled run.
-    ``unattributed_seconds`` is time in trace events named like an operation but absent
-    from the module (another program's).
+    ``unattributed_seconds`` is time in trace events named like an operation that no scope
+    was found for: an instruction of the module nothing named is near, or another program's.
     """
     names = instruction_scopes(fn.lower(*args).compile().as_text(), scopes)
     opts = jax.profiler.ProfileOptions()

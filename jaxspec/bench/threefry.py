@@ -6,7 +6,8 @@ compiled twice: first under JAX's own lowering, then -- after
 :func:`jaxspec.core.cpu_rng.use_unrolled_threefry` and a fresh compile
 (:func:`jaxspec.decode.generate.compiled`'s cache emptied) -- under the unrolled one. The
 two compiled programs then take turns on the same inputs and keys
-(:func:`jaxspec.bench.common.interleaved_turns`), and each row reports both times per
+(:func:`jaxspec.bench.common.interleaved_turns`; one key per case, so every call runs the
+same rounds), and each row reports both times per
 round, their ratio with its per-turn range, and whether both returned the same tokens (they
 must: the two lowerings compute one function).
 
@@ -79,7 +80,7 @@ def _cases(cfg: ThreefryBenchConfig, target, draft):
                                            temperature=temp)
 
             def ar(fn, i, at=at, tokens=tokens, lens=lens):
-                return fn(tstate, jax.random.key(1000 + i), tokens, lens, jnp.float32(at), stop)
+                return fn(tstate, jax.random.key(1000), tokens, lens, jnp.float32(at), stop)
 
             out.append(({"batch": batch, "temperature": temp, "mode": "target-only", "tree": None}, acfg, ar))
             for tree in cfg.trees:
@@ -89,7 +90,7 @@ def _cases(cfg: ThreefryBenchConfig, target, draft):
                                                scheme=sibling_scheme(spec, temp), temperature=temp)
 
                 def sp(fn, i, t=t, dt=dt, tokens=tokens, lens=lens):
-                    return fn(tstate, dstate, jax.random.key(2000 + i), tokens, lens, jnp.float32(t),
+                    return fn(tstate, dstate, jax.random.key(2000), tokens, lens, jnp.float32(t),
                               jnp.float32(dt), stop)
 
                 out.append(({"batch": batch, "temperature": temp, "mode": "speculative", "tree": tree}, scfg, sp))

@@ -569,7 +569,8 @@ def _check_graphdefs(graphdefs, draft) -> tuple:
     tdef = _check_graphdef("graphdefs[0]", graphdefs[0])
     if isinstance(draft, NgramDraft):
         if graphdefs[1] is not draft:
-            raise ValueError("graphdefs[1]: expected the n-gram draft itself (it is its own definition)")
+            raise ValueError(f"graphdefs[1] = {graphdefs[1]!r}: expected the n-gram draft itself, {draft!r} "
+                             "(it is its own definition)")
         return tdef, draft
     return tdef, _check_graphdef("graphdefs[1]", graphdefs[1])
 
