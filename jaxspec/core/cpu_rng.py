@@ -10,7 +10,7 @@ arithmetic. :func:`use_unrolled_threefry` registers, for the CPU platform, a low
 the same primitive with the rounds unrolled (:func:`threefry2x32`): the same function, so
 every key, every random number and every generated token is bit for bit what it was; only
 programs compiled afterwards change: the draft's masks, warps and draws of a ``chain:4``
-round at T = 1 take 89 XLA operations instead of 453. What that saves in time is a few percent at most on
+round at T = 1 take 87 XLA operations instead of 453. What that saves in time is a few percent at most on
 the 2-core CPU measured, inside its run-to-run noise (``benchmarks/README.md``,
 "``threefry_lowering``").
 
