@@ -326,7 +326,7 @@ def plot(report: dict, path) -> None:
     ax2.set_xticks(x, labels, fontsize=7)
     ax2.set_ylabel("share of profiled device time")
     ax2.set_title("where a call's device time goes (jax.profiler, by named scope)", fontsize=9)
-    ax2.legend(fontsize=6, ncol=2, loc="lower right")
+    ax2.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
