@@ -349,8 +349,7 @@ def script_main(name: str, argv=None, *, default_out=None) -> int:
     from jaxspec.bench import benchmark_module, run_benchmark  # noqa: PLC0415
     from jaxspec.core import cpu_rng  # noqa: PLC0415
 
-    if cpu_rng.wanted_by_environment():  # as ``jaxspec bench`` runs
-        cpu_rng.use_unrolled_threefry()
+    cpu_rng.use_unless_environment_says_not()  # as ``jaxspec bench`` runs
     mod = benchmark_module(name)
     p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
     p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")

@@ -54,7 +54,7 @@ from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree
 from jaxspec.decode import generate as gen  # noqa: E402
 from jaxspec.nn.model import Transformer
 
-__all__ = ["NAME", "DecodeBenchConfig", "sibling_scheme", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
+__all__ = ["NAME", "DecodeBenchConfig", "batch_prompts", "sibling_scheme", "CONFIGS", "ROW_FIELDS", "run", "plot", "headline", "table"]
 
 NAME = "decode_speed"
 DEFAULT_PROMPT = "The history of the city begins with"
@@ -133,7 +133,7 @@ def _models(kind: str) -> tuple[Transformer, Transformer, dict]:
     return target, draft, {"target": "default-target", "draft": "default-draft"}
 
 
-def _prompts(batch: int) -> list[list[int]]:
+def batch_prompts(batch: int) -> list[list[int]]:
     """``batch`` byte-tokenized prompts (with BOS); batch 1: :data:`DEFAULT_PROMPT`."""
     from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
 
@@ -222,7 +222,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
     results, skipped = [], []
     prompt_lens = {}
     for batch, trees in cfg.runs:
-        prompts = _prompts(batch)
+        prompts = batch_prompts(batch)
         lens = [len(p) for p in prompts]
         prompt_lens[batch] = lens
         cap = min(max(lens) + m + 64 + 1, ctx)

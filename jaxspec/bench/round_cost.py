@@ -58,7 +58,7 @@ from jaxspec.bench import common, scopes
 from jaxspec.decode import generate as gen
 from jaxspec.core.treespec import parse_tree
 
-__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "prompts", "padded", "draft_widths", "run", "headline", "table", "plot"]
+__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "inputs", "draft_widths", "run", "headline", "table", "plot"]
 
 NAME = "round_cost"
 #: the scopes a round's operations are charged to (``forward`` nests inside the others)
@@ -88,25 +88,14 @@ CONFIGS = {
 }
 
 
-def prompts(batch: int) -> list[list[int]]:
-    """The decode benchmark's prompts (:mod:`jaxspec.bench.decode`): one at batch 1, else
-    ``batch`` prompts of different lengths, byte-tokenized with BOS."""
-    from jaxspec.bench.decode import BATCH_PROMPTS, DEFAULT_PROMPT  # noqa: PLC0415
-    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+def inputs(batch: int, vocab_size: int) -> tuple[list[list[int]], jax.Array, jax.Array]:
+    """The decode benchmark's prompts at ``batch`` (:func:`jaxspec.bench.decode.batch_prompts`),
+    and the ``(int32[B, T], int32[B] lengths)`` :func:`jaxspec.generate` pads them to."""
+    from jaxspec.bench.decode import batch_prompts  # noqa: PLC0415
 
-    if not 1 <= batch <= len(BATCH_PROMPTS):
-        raise ValueError(f"batch = {batch!r}: expected 1 .. {len(BATCH_PROMPTS)} (the decode benchmark's prompts)")
-    texts = [DEFAULT_PROMPT] if batch == 1 else list(BATCH_PROMPTS[:batch])
-    return [ByteTokenizer().encode(t, add_bos=True) for t in texts]
-
-
-def padded(prompts: list[list[int]]) -> tuple[jax.Array, jax.Array]:
-    """``(int32[B, T] right-padded with 0, int32[B] lengths)``, as :func:`jaxspec.generate` pads."""
-    lens = np.asarray([len(p) for p in prompts], np.int32)
-    out = np.zeros((len(prompts), int(lens.max())), np.int32)
-    for i, p in enumerate(prompts):
-        out[i, : len(p)] = p
-    return jnp.asarray(out), jnp.asarray(lens)
+    ps = batch_prompts(batch)
+    tokens, lens = gen.prepare_prompts(ps, vocab_size)
+    return ps, jnp.asarray(tokens), jnp.asarray(lens)
 
 
 def draft_widths(spec) -> tuple[int, ...]:
@@ -121,8 +110,7 @@ def run(size: str = "quick", *, config: RoundCostConfig | None = None) -> dict:
     target, draft = common.model_pair(cfg.models)
     rows, target_only = [], []
     for batch in cfg.batches:
-        ps = prompts(batch)
-        tokens, lens = padded(ps)
+        ps, tokens, lens = inputs(batch, target.config.vocab_size)
         for temp in cfg.temperatures:
             target_only.append(_target_only(cfg, target, ps, tokens, lens, temp))
             for tree in cfg.trees:
@@ -143,6 +131,17 @@ def _returning(fn, seconds: list[float]):
             seconds.append(time.perf_counter() - t0)
         return out
     return f
+
+
+def _time_calls(repeats: int, call, compiled, prefill, loops: dict) -> tuple[dict, dict, dict]:
+    """Take turns between a whole call (``call(i)``), the same compiled program
+    (``compiled(i)``), its prefill and the forward ``loops``; returns ``(medians, outputs,
+    host fields)`` (:func:`_host_fields`)."""
+    returned: dict[str, list[float]] = {"generate": [], "compiled": []}
+    fns = {"generate": _returning(call, returned["generate"]), "compiled": _returning(compiled, returned["compiled"]),
+           "prefill": prefill, **loops}
+    turns, outs = common.interleaved_turns(fns, repeats)
+    return common.medians(turns), outs, _host_fields(returned)
 
 
 def _host_fields(returned: dict[str, list[float]]) -> dict:
@@ -187,31 +186,27 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
 
     draft_steps = [(draft, t) for t in draft_widths(spec)]
     verify_step = [(target, spec.num_nodes + 1)]
-    returned: dict[str, list[float]] = {"generate": [], "compiled": []}
-    fns = {"generate": _returning(call, returned["generate"]),
-           "compiled": _returning(compiled, returned["compiled"]),
-           "prefill": lambda i: prefill(tstate, dstate, tokens, lens),
-           "draft": common.forward_loop(draft_steps, b, scfg.capacity, fill, cfg.loops),
-           "verify": common.forward_loop(verify_step, b, scfg.capacity, fill, cfg.loops),
-           "forwards": common.forward_loop(draft_steps + verify_step, b, scfg.capacity, fill, cfg.loops)}
-    turns, outs = common.interleaved_turns(fns, cfg.repeats)
-    sec = common.medians(turns)
-    rounds = outs["generate"].summary()["loop_rounds"]
+    sec, outs, host = _time_calls(
+        cfg.repeats, call, compiled, lambda i: prefill(tstate, dstate, tokens, lens),
+        {"draft": common.forward_loop(draft_steps, b, scfg.capacity, fill, cfg.loops),
+         "verify": common.forward_loop(verify_step, b, scfg.capacity, fill, cfg.loops),
+         "forwards": common.forward_loop(draft_steps + verify_step, b, scfg.capacity, fill, cfg.loops)})
+    summary = outs["generate"].summary()
+    rounds = summary["loop_rounds"]
     draft_ms, verify_ms, forwards_ms = (sec[k] / cfg.loops * 1e3 for k in ("draft", "verify", "forwards"))
     model_ms = draft_ms + verify_ms
     round_ms = (sec["generate"] - sec["prefill"]) / rounds * 1e3
     device_ms = (sec["compiled"] - sec["prefill"]) / rounds * 1e3
     row = {"batch": b, "temperature": temp, "tree": tree, "scheme": scheme, "num_nodes": spec.num_nodes,
            "draft_forwards": list(draft_widths(spec)), "capacity": scfg.capacity, "loop_rounds": rounds,
-           "tau": outs["generate"].summary()["tokens_per_target_call"],
+           "tau": summary["tokens_per_target_call"],
            "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
-           **_host_fields(returned),
+           **host,
            "round_ms": round_ms, "device_round_ms": device_ms, "draft_ms": draft_ms, "verify_ms": verify_ms,
            "model_ms": model_ms, "forwards_in_turn_ms": forwards_ms, "round_over_model": round_ms / model_ms,
            "device_round_over_model": device_ms / model_ms}
     if cfg.profile:
-        args = (tstate, dstate, key, tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp),
-                jnp.full((1,), -1, jnp.int32))
+        args = (tstate, dstate, key, tokens, lens, jnp.float32(t_temp), jnp.float32(d_temp), gen.stop_array(()))
         row["profile"] = _profile(gen.compiled(scfg), args, rounds)
     common.log(f"round_cost: B={b} T={temp:g} {tree:14s} round {round_ms:.3f} ms (device {device_ms:.3f}) vs "
                f"model {model_ms:.3f} (draft {draft_ms:.3f} + verify {verify_ms:.3f}): "
@@ -238,20 +233,15 @@ def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: floa
     def compiled(i):
         return gen.run_compiled_autoregressive(acfg, tstate, key, tokens, lens, a_temp, ())
 
-    returned: dict[str, list[float]] = {"generate": [], "compiled": []}
-    fns = {"generate": _returning(call, returned["generate"]),
-           "compiled": _returning(compiled, returned["compiled"]),
-           "prefill": lambda i: prefill(tstate, tokens, lens),
-           "forward": common.forward_loop([(target, 1)], b, acfg.capacity, fill, cfg.loops)}
-    turns, outs = common.interleaved_turns(fns, cfg.repeats)
-    sec = common.medians(turns)
+    sec, outs, host = _time_calls(cfg.repeats, call, compiled, lambda i: prefill(tstate, tokens, lens),
+                                  {"forward": common.forward_loop([(target, 1)], b, acfg.capacity, fill, cfg.loops)})
     steps = int(np.asarray(outs["generate"].lengths).max())
     forward_ms = sec["forward"] / cfg.loops * 1e3
     step_ms = (sec["generate"] - sec["prefill"]) / steps * 1e3
     device_ms = (sec["compiled"] - sec["prefill"]) / steps * 1e3
     row = {"batch": b, "temperature": temp, "capacity": acfg.capacity, "steps": steps,
            "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
-           **_host_fields(returned), "step_ms": step_ms,
+           **host, "step_ms": step_ms,
            "device_step_ms": device_ms, "forward_ms": forward_ms, "step_over_forward": step_ms / forward_ms,
            "device_step_over_forward": device_ms / forward_ms}
     common.log(f"round_cost: B={b} T={temp:g} target-only step {step_ms:.3f} ms (device {device_ms:.3f}) vs "

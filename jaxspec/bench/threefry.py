@@ -59,22 +59,18 @@ CONFIGS = {
 }
 
 
-def _inputs(batch: int):
-    from jaxspec.bench import round_cost  # noqa: PLC0415
-
-    return round_cost.padded(round_cost.prompts(batch))
-
-
 def _cases(cfg: ThreefryBenchConfig, target, draft):
     """``(row fields, static config, call(fn, i))`` per case."""
     from jaxspec.bench.decode import sibling_scheme  # noqa: PLC0415
     from jaxspec.core.treespec import parse_tree  # noqa: PLC0415
 
     tstate, dstate = nnx.state(target), nnx.state(draft)
-    stop = jnp.full((1,), -1, jnp.int32)  # no stop token
+    from jaxspec.bench.round_cost import inputs  # noqa: PLC0415
+
+    stop = gen.stop_array(())  # no stop token
     out = []
     for batch in cfg.batches:
-        tokens, lens = _inputs(batch)
+        _, tokens, lens = inputs(batch, target.config.vocab_size)
         for temp in cfg.temperatures:
             acfg, at = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=cfg.max_new_tokens,
                                            temperature=temp)

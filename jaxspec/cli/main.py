@@ -104,8 +104,7 @@ def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[st
         return e.code if isinstance(e.code, int) else 2
     name[0] = f"jaxspec {args.command}"
     try:
-        if cpu_rng.wanted_by_environment():  # the same random bits, fewer XLA operations on CPU
-            cpu_rng.use_unrolled_threefry()
+        cpu_rng.use_unless_environment_says_not()  # the same random bits, fewer XLA operations on CPU
         return int(args._handler(args) or 0)
     except (CLIError, ValueError, FileNotFoundError) as e:
         print(f"{name[0]}: error: {e}", file=sys.stderr)

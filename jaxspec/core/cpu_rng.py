@@ -30,7 +30,8 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["threefry2x32", "use_unrolled_threefry", "unrolled_threefry_in_use", "wanted_by_environment", "ROLLED_ENV"]
+__all__ = ["threefry2x32", "use_unrolled_threefry", "unrolled_threefry_in_use", "wanted_by_environment",
+           "use_unless_environment_says_not", "ROLLED_ENV"]
 
 #: environment variable that keeps JAX's own (rolled) CPU lowering in the command line
 ROLLED_ENV = "JAXSPEC_ROLLED_THREEFRY"
@@ -98,3 +99,9 @@ def unrolled_threefry_in_use() -> bool:
 def wanted_by_environment() -> bool:
     """False when :data:`ROLLED_ENV` is set to a non-empty value other than ``0``."""
     return os.environ.get(ROLLED_ENV, "") in ("", "0")
+
+
+def use_unless_environment_says_not() -> bool:
+    """:func:`use_unrolled_threefry` unless :data:`ROLLED_ENV` asks for JAX's loop (what the
+    command line and the benchmark scripts call at start); whether it is in use."""
+    return use_unrolled_threefry() if wanted_by_environment() else unrolled_threefry_in_use()

@@ -79,6 +79,8 @@ __all__ = [
     "speculative_program",
     "autoregressive_program",
     "start_program",
+    "prepare_prompts",
+    "stop_array",
 ]
 
 #: the tree of ``generate`` and ``jaxspec generate`` when none is given: the fastest measured on
@@ -586,8 +588,9 @@ def _check_prompt_length(prompt_length) -> None:
         raise ValueError(f"prompt_length = {prompt_length!r}: expected an integer >= 1")
 
 
-def _prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """-> (int32[B, T] right-padded with 0, int32[B] lengths)."""
+def prepare_prompts(prompts, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts (``int32[B, T]`` or a list of token lists) validated against the vocabulary
+    -> (int32[B, T] right-padded with 0, int32[B] lengths): what :func:`generate` compiles for."""
     if isinstance(prompts, (np.ndarray, jax.Array)):
         arr = np.asarray(prompts)
         if arr.ndim != 2:
@@ -779,7 +782,7 @@ def generate(
     _check_draft(draft)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
-    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     # one traversal of each model's object graph gives both halves (each costs milliseconds)
     tdef, tstate = nnx.split(target)
     ddef, dstate = (draft, None) if isinstance(draft, NgramDraft) else nnx.split(draft)
@@ -799,7 +802,7 @@ def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, 
     With ``cfg.mesh``, the inputs are first placed on it (:func:`_on_mesh`)."""
     states = (target_state,) if draft_state is None else (target_state, draft_state)
     defs = (cfg.target_def,) if draft_state is None else (cfg.target_def, cfg.draft_def)
-    scalars = (jnp.float32(temperature), jnp.float32(draft_temperature), _stop_array(stop_tokens))
+    scalars = (jnp.float32(temperature), jnp.float32(draft_temperature), stop_array(stop_tokens))
     return _on_mesh(cfg, defs, states, key, tokens, lens, scalars, lambda st, *rest: compiled(cfg)(
         st[0], st[1] if len(st) > 1 else None, *rest))
 
@@ -830,7 +833,7 @@ def _on_mesh(cfg, defs, states, key, tokens, lens, scalars, call) -> GenerateRes
     return jax.tree.map(lambda x: x[:b], out) if pad else out
 
 
-def _stop_array(stop_tokens):
+def stop_array(stop_tokens):
     """int32[n'] stop tokens padded with -1 (never a token) to a power of two >= 1, so that
     "no stop token" and "one stop token" share a compilation."""
     stop = np.asarray(stop_tokens, np.int32).reshape(-1)
@@ -861,7 +864,7 @@ def generate_autoregressive(
     check_transformer("target", target)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
-    tokens, lens = _prepare_prompts(prompts, target.config.vocab_size)
+    tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
@@ -874,7 +877,7 @@ def run_compiled_autoregressive(cfg: ARConfig, target_state, key, tokens, lens, 
                                 stop_tokens=()) -> GenerateResult:
     """:func:`run_compiled` for a target-only configuration (:func:`build_ar_config`)."""
     return _on_mesh(cfg, (cfg.target_def,), (target_state,), key, tokens, lens,
-                    (jnp.float32(temperature), _stop_array(stop_tokens)),
+                    (jnp.float32(temperature), stop_array(stop_tokens)),
                     lambda st, *rest: compiled(cfg)(st[0], *rest))
 
 
