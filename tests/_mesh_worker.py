@@ -61,6 +61,26 @@ def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
     return res
 
 
+def streamed() -> dict:
+    """Streaming (``on_round``) on a mesh: the one-device tokens, and ``on_round`` sees the
+    caller's 6 rows, not the 8 the data axis pads them to."""
+    res = {}
+    for mode in ("speculative", "target-only"):
+        kw = dict(max_new_tokens=10, temperature=1.0, stop_tokens=(5,))
+        if mode == "speculative":
+            def run(**extra):
+                return jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, tree="chain:3", **kw, **extra)
+        else:
+            def run(**extra):
+                return jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw, **extra)
+        seen = []
+        out = run(mesh=jaxspec.make_mesh(2, 4), on_round=lambda t, n: seen.append((t.shape, n.tolist())))
+        res[mode] = {"ref": tokens(run()), "mesh": tokens(out), "shapes": sorted({list(s) == [6, 10] for s, _ in seen}),
+                     "calls": len(seen), "loop_rounds": out.summary()["loop_rounds"],
+                     "last_lengths": seen[-1][1], "lengths": np.asarray(out.lengths).tolist()}
+    return res
+
+
 def generations_all() -> dict:
     return generations((0.0, 1.0), tuple((t, m) for t in TREES for m in MESHES))
 

@@ -379,6 +379,22 @@ def test_compile_generate_tiny(tmp_path):
     assert all(_positive(r["compile_s"]) for r in report["rows"])
 
 
+def test_compile_process_rows_second_processes_load_the_first_ones_programs():
+    """The command line's first and second processes over one fresh cache (target-only, 4
+    tokens): the second on the same prompt and the one on a prompt of another length in the
+    bucket store nothing new, and the rows carry what the table prints."""
+    from jaxspec.bench import compile_time
+
+    rows = compile_time.process_rows(4, modes=("target-only",))
+    assert [r["run"] for r in rows] == ["first process", "second process",
+                                        "second process, a prompt of another length"]
+    assert rows[0]["cache_entries"] > 0
+    assert [r["cache_entries"] for r in rows[1:]] == [rows[0]["cache_entries"]] * 2
+    assert all(_positive(r["seconds_with_compile"]) and _positive(r["process_s"]) for r in rows)
+    table = compile_time.table({"rows": [], "process_rows": rows})
+    assert "second process, a prompt of another length" in table
+
+
 def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):
     """From the repository root a full run writes benchmarks/results, a quick or tiny one
     a subfolder of it (a quick run must never overwrite the published full run); elsewhere

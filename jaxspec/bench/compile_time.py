@@ -14,9 +14,19 @@ For the acceptance rule the ahead-of-time stages are also timed separately:
 ``jax.jit(f).lower(*args)`` (``lower_s``: trace and lowering to StableHLO) and
 ``.compile()`` (``backend_compile_s``: XLA).
 
+Then, with ``processes`` (full and quick), the command line's persistent compilation
+cache: ``jaxspec generate --json`` (speculative, and ``--baseline``) in three processes
+sharing a fresh cache folder: the first (the cache empty), a second on the same prompt,
+and a third on a prompt of another length in the same 32-token bucket. Each records the
+first call's ``seconds_with_compile`` (compile or load, then one generation), the timed
+call's ``seconds``, the whole process's wall time (imports and model loading included)
+and the entries the cache holds after it. Text mode (streaming) runs a first and a second
+process the same way (wall time and entries only: it prints no JSON).
+
 JSON (``compile_time.json``): ``rows`` of ``{name, kind, first_call_s, steady_call_s,
-compile_s}`` (+ ``lower_s``, ``backend_compile_s`` where timed). Plot: horizontal bars of
-compile and steady time per entry point.
+compile_s}`` (+ ``lower_s``, ``backend_compile_s`` where timed); ``process_rows`` of
+``{name, mode, run, prompt, seconds_with_compile, seconds, process_s, cache_entries}``.
+Plot: horizontal bars of compile and steady time per entry point.
 
     report = run("tiny")
     all(r["compile_s"] > 0 for r in report["rows"])    # True
@@ -25,7 +35,13 @@ compile and steady time per entry point.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import pathlib
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -49,13 +65,14 @@ class CompileBenchConfig:
     repeats: int
     models: str = "default"
     accept_case: tuple[int, int, int] = (8, 32, 4096)  # N, V, batch
+    processes: bool = False  # time the command line's first and second processes
 
 
 CONFIGS = {
     "full": CompileBenchConfig(trees=("chain:4", "branch:3,2,1", "dynamic:depth=4,topk=4,nodes=16"),
-                               max_new_tokens=128, repeats=5),
+                               max_new_tokens=128, repeats=5, processes=True),
     "quick": CompileBenchConfig(trees=("chain:4", "branch:2,2", "dynamic:depth=3,topk=2,nodes=6"),
-                                max_new_tokens=32, repeats=3),
+                                max_new_tokens=32, repeats=3, processes=True),
     "tiny": CompileBenchConfig(trees=(), max_new_tokens=8, repeats=1, models="tiny", accept_case=(8, 32, 256)),
 }
 
@@ -129,8 +146,56 @@ def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dic
         "repeats": cfg.repeats,
         "rows": rows,
     }
+    if cfg.processes:
+        report["process_rows"] = process_rows(m)
     report["headline"] = headline(report)
     return report
+
+
+#: the prompts of the process rows: 35 and 51 bytes, both in the bucket of 33-64 tokens
+PROCESS_PROMPTS = ("The history of the city begins with", "The history of the city begins with a small harbour")
+
+
+def _cache_entries(folder: pathlib.Path) -> int:
+    return sum(1 for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+PROCESS_MODES = ("speculative", "target-only", "text")
+
+
+def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS,
+                 modes: tuple[str, ...] = PROCESS_MODES) -> list[dict]:
+    """The first and second processes of ``jaxspec generate`` over one fresh persistent
+    compilation cache per mode (module docstring). The environment is this process's less
+    any JAX cache settings of its own, so the command line's own cache is what is timed."""
+    rows = []
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+    runs = (("first process", prompts[0]), ("second process", prompts[0]),
+            ("second process, a prompt of another length", prompts[1]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in modes:
+            extra = ["--baseline"] if mode == "target-only" else []
+            folder = pathlib.Path(tmp) / mode
+            for run, prompt in runs[:2] if mode == "text" else runs:
+                argv = [sys.executable, "-m", "jaxspec.cli", "generate", "--prompt", prompt,
+                        "--max-new-tokens", str(max_new_tokens), *extra] + ([] if mode == "text" else ["--json"])
+                t0 = time.perf_counter()
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                                   env=dict(env, JAXSPEC_COMPILATION_CACHE=str(folder)))
+                wall = time.perf_counter() - t0
+                if r.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv[2:])} failed:\n{r.stderr[-2000:]}")
+                out = {} if mode == "text" else json.loads(r.stdout)
+                row = {"name": f"jaxspec generate ({mode}): {run}", "mode": mode, "run": run, "prompt": prompt,
+                       "seconds_with_compile": out.get("seconds_with_compile"), "seconds": out.get("seconds"),
+                       "process_s": wall, "cache_entries": _cache_entries(folder)}
+                rows.append(row)
+                first = "" if row["seconds_with_compile"] is None else \
+                    f"first call {row['seconds_with_compile']:6.2f} s, "
+                common.log(f"compile: {row['name']:70s} {first}process {wall:6.2f} s, "
+                           f"{row['cache_entries']} cache entries")
+    return rows
 
 
 def _accept_row(n: int, v: int, batch: int, repeats: int) -> dict:
@@ -162,6 +227,10 @@ def headline(report: dict) -> dict:
            "accept_compile_s": next(r["compile_s"] for r in report["rows"] if r["kind"] == "accept")}
     if "generate chain:4" in by:
         out["generate_compile_s"] = by["generate chain:4"]["compile_s"]
+    procs = {(r["mode"], r["run"]): r for r in report.get("process_rows", ())}
+    if procs:
+        out["second_process_first_call_s"] = procs[("speculative", "second process")]["seconds_with_compile"]
+        out["first_process_first_call_s"] = procs[("speculative", "first process")]["seconds_with_compile"]
     return out
 
 
@@ -172,6 +241,12 @@ def table(report: dict) -> str:
         extra = (f" (lower {r['lower_s']:.2f} s + XLA {r['backend_compile_s']:.2f} s)" if "lower_s" in r else "")
         lines.append(f"| {r['name']} | {r['first_call_s']:.2f} s | {r['steady_call_s'] * 1e3:.1f} ms | "
                      f"{r['compile_s']:.2f} s{extra} |")
+    if report.get("process_rows"):
+        lines += ["", "| `jaxspec generate` | run | first call (`seconds_with_compile`) | process | cache entries |",
+                  "|---|---|---|---|---|"]
+        for r in report["process_rows"]:
+            first = "—" if r["seconds_with_compile"] is None else f"{r['seconds_with_compile']:.2f} s"
+            lines.append(f"| {r['mode']} | {r['run']} | {first} | {r['process_s']:.1f} s | {r['cache_entries']} |")
     return "\n".join(lines)
 
 

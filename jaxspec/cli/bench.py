@@ -31,7 +31,8 @@ __all__ = ["bench_command"]
 HEADLINE_KEYS = {
     "accept": ("accept_rounds_per_s", "rng_floor_rounds_per_s", "fraction_of_floor"),
     "decode": ("decode_speedup", "tau"),
-    "compile": ("generate_compile_s", "generate_autoregressive_compile_s", "accept_compile_s"),
+    "compile": ("generate_compile_s", "generate_autoregressive_compile_s", "accept_compile_s",
+                "first_process_first_call_s", "second_process_first_call_s"),
     "harness": ("harness_samples_per_s", "harness_num_samples", "harness_peak_rss_mb", "harness_growth_ratio"),
     "rules": ("block_gain_chain4", "rule_tau_t1", "rule_speedup_t1"),
     "lookup": ("lookup_speedup_t0", "lookup_tau_t0", "lookup_draft_speedup_t0"),

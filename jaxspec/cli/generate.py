@@ -23,8 +23,8 @@ each (compilation), then ``--turns`` timed turns in which each mode runs once
 (:func:`jaxspec.bench.common.interleaved_turns`, so that a changing machine load hits both
 alike); the figures are medians. It prints the speculative text and
 ``speculative X tok/s vs target-only Y tok/s (Z×); same tokens: yes`` to stderr, and under
-``"compare"`` in ``--json``. The timed calls do not stream (a per-round host callback would
-cost target-only, one call per token, more than speculation).
+``"compare"`` in ``--json``. The timed calls do not stream (streaming runs a round a call,
+and target-only, one call per token, would pay more for it than speculation).
 
 ``--tree auto`` runs :func:`jaxspec.tuning.autotree.auto_tree` for the pair, scheme and warp
 (acceptance on held-out text, round costs timed on this device with the verification rule
@@ -119,7 +119,7 @@ def _budgets(s: str | None) -> tuple[int, ...] | None:
 
 
 class _Stream:
-    """Host callback for ``on_round``: prints row 0's new text as each round completes.
+    """The ``on_round`` function: prints row 0's new text as each round completes.
 
     Decodes everything emitted so far and prints the part not yet printed (works for any
     tokenizer); a trailing replacement character (an incomplete UTF-8 sequence) is held
@@ -134,7 +134,7 @@ class _Stream:
     def __call__(self, tokens, lengths):
         if not self.enabled:
             return
-        import numpy as np  # callbacks receive jax Arrays: one transfer, not one per token
+        import numpy as np
 
         tokens, lengths = np.asarray(tokens), np.asarray(lengths)
         text = self.tokenizer.decode(tokens[0, : int(lengths[0])].tolist())
@@ -364,9 +364,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             t_run = comparison[mode]["seconds"]
         else:
             stream = _Stream(tok)
-            # --json prints nothing per round, and a program with a host callback is never stored in the
-            # persistent compilation cache: without it a second run loads the program from disk. With it,
-            # the same object for both calls: one compilation
+            # --json prints nothing per round: the one-program loop. Text streams: the rounds run one
+            # call each and the host prints between them (no callback enters a program, so either
+            # form is stored in the persistent compilation cache and a second run loads it)
             on_round = None if args.json else stream
 
             def call():

@@ -48,6 +48,7 @@ from jaxspec.core import rules, sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree, resolve_tree
 from jaxspec.decode.round import (
+    Emitted,
     RoundConfig,
     RoundParts,
     RoundState,
@@ -76,16 +77,25 @@ __all__ = [
     "run_compiled",
     "run_compiled_autoregressive",
     "compiled",
+    "compiled_stream",
+    "StreamPrograms",
     "speculative_program",
     "autoregressive_program",
     "start_program",
     "prepare_prompts",
+    "PROMPT_BUCKET",
+    "bucket_width",
+    "bucket_config",
     "stop_array",
 ]
 
 #: the tree of ``generate`` and ``jaxspec generate`` when none is given: the fastest measured on
 #: the default pair (benchmarks/README.md, decode_speed)
 DEFAULT_TREE = "chain:4"
+
+#: the default ``prompt_bucket`` of :func:`generate` and :func:`generate_autoregressive`:
+#: prompts padded to a multiple of 32 tokens share one compiled program
+PROMPT_BUCKET = 32
 
 SCHEMES = sampling.SCHEMES
 
@@ -166,7 +176,6 @@ class SpecConfig:
     max_new_tokens: int
     capacity: int
     parts: RoundParts = RoundParts()
-    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per round
     mesh: Mesh | None = None  # rows over "data", parameters and KV heads over "model"
     split_rows: bool = True  # False: rows are already per device (the harness's shard_map)
     rows: int | None = None  # decode at most this many prompts at once, refilling ended rows
@@ -204,7 +213,6 @@ class ARConfig:
     warp: Warp
     max_new_tokens: int
     capacity: int
-    on_round: Callable | None = None  # host callback (tokens [B, M], lengths [B]) per step
     mesh: Mesh | None = None
     split_rows: bool = True
 
@@ -284,23 +292,26 @@ def _set_row(state, one, row):
     return jax.tree.map(put, state, one, is_leaf=lambda x: isinstance(x, KVCache))
 
 
-def speculative_program(
-    cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
-) -> GenerateResult:
-    """The function :func:`generate` compiles for ``cfg`` (un-jitted; :func:`compiled`
-    jits it): prefill (:func:`_start_state`), then
-    :func:`~jaxspec.decode.round.speculative_round` in a ``lax.while_loop`` until every row
-    has ended. With ``cfg.rows`` below the number of prompts, :func:`_queue_program`."""
+def _merged(cfg: SpecConfig, target_state, draft_state):
     target = nnx.merge(cfg.target_def, target_state)
     ngram = isinstance(cfg.draft_def, NgramDraft)
-    draft = cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
-    if cfg.rows is not None and cfg.rows < tokens.shape[0]:
-        return _queue_program(cfg, target, draft, key, tokens, lens, temperature, draft_temperature, stop_tokens)
+    return target, cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
+
+
+def _spec_init(cfg: SpecConfig, target, draft, tokens, lens) -> _SpecLoop:
     b = tokens.shape[0]
-    m = cfg.max_new_tokens
-    stat_d = cfg.stat_depth
+    return _SpecLoop(
+        r=jnp.int32(0),
+        st=_start_state(cfg, target, draft, tokens, lens),  # caches placed on cfg.mesh by _start
+        rounds=jnp.zeros((b,), jnp.int32),
+        accepted=jnp.zeros((b, cfg.stat_depth), jnp.int32),
+    )
+
+
+def _spec_body(cfg: SpecConfig, target, draft, row_keys, temperature, draft_temperature, stop_tokens):
+    """One round of the loop, ``_SpecLoop -> _SpecLoop`` (``row_keys``: :func:`_row_keys`)."""
+    ngram = isinstance(draft, NgramDraft)
     round_cfg = cfg.round_config
-    row_keys = _row_keys(key, b)
 
     def body(lp: _SpecLoop) -> _SpecLoop:
         was_active = lp.st.emitted.active
@@ -312,22 +323,34 @@ def speculative_program(
             st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
                              dcache=_rows(st.dcache, cfg) if ngram else _place_cache(st.dcache, draft, cfg),
                              prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
-        if cfg.on_round is not None:  # streaming: ordered host callback, once per round
-            jax.debug.callback(cfg.on_round, st.emitted.out, st.emitted.n_out, ordered=True)
-        rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, stat_d)
+        rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, cfg.stat_depth)
         return _SpecLoop(r=lp.r + 1, st=st, rounds=rounds, accepted=accepted)
+
+    return body
+
+
+def _spec_result(cfg: SpecConfig, lp: _SpecLoop) -> GenerateResult:
+    return _rows(_result(cfg, lp.st.emitted.out, lp.st.emitted.n_out, lp.rounds, lp.accepted), cfg)
+
+
+def speculative_program(
+    cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature, draft_temperature, stop_tokens
+) -> GenerateResult:
+    """The function :func:`generate` compiles for ``cfg`` (un-jitted; :func:`compiled`
+    jits it): prefill (:func:`_start_state`), then
+    :func:`~jaxspec.decode.round.speculative_round` in a ``lax.while_loop`` until every row
+    has ended. With ``cfg.rows`` below the number of prompts, :func:`_queue_program`."""
+    target, draft = _merged(cfg, target_state, draft_state)
+    if cfg.rows is not None and cfg.rows < tokens.shape[0]:
+        return _queue_program(cfg, target, draft, key, tokens, lens, temperature, draft_temperature, stop_tokens)
+    m = cfg.max_new_tokens
 
     def cond(lp: _SpecLoop):
         return jnp.any(lp.st.emitted.active) & (lp.r < m)
 
-    init = _SpecLoop(
-        r=jnp.int32(0),
-        st=_start_state(cfg, target, draft, tokens, lens),  # caches placed on cfg.mesh by _start
-        rounds=jnp.zeros((b,), jnp.int32),
-        accepted=jnp.zeros((b, stat_d), jnp.int32),
-    )
-    lp = jax.lax.while_loop(cond, body, init)
-    return _rows(_result(cfg, lp.st.emitted.out, lp.st.emitted.n_out, lp.rounds, lp.accepted), cfg)
+    body = _spec_body(cfg, target, draft, _row_keys(key, tokens.shape[0]), temperature, draft_temperature,
+                      stop_tokens)
+    return _spec_result(cfg, jax.lax.while_loop(cond, body, _spec_init(cfg, target, draft, tokens, lens)))
 
 
 def _result(cfg: SpecConfig, out, n_out, rounds, accepted) -> GenerateResult:
@@ -429,41 +452,55 @@ def start_program(cfg: SpecConfig | ARConfig, target_state, draft_state, tokens,
     return _start_state(cfg, target, draft, tokens, lens)
 
 
+class _ARLoop(NamedTuple):
+    r: jax.Array  # int32 step index
+    root: jax.Array  # int32[B] the last token, whose forward comes next
+    cache: KVCache
+    emitted: Emitted
+
+
+def _ar_init(cfg: ARConfig, model, tokens, lens) -> _ARLoop:
+    cache, root, _ = _start(model, tokens, lens, cfg)
+    return _ARLoop(jnp.int32(0), root, cache, start_emitted(tokens.shape[0], cfg.max_new_tokens))
+
+
+def _ar_body(cfg: ARConfig, model, row_keys, temperature, stop_tokens):
+    def body(lp: _ARLoop) -> _ARLoop:
+        root, cache, emitted = autoregressive_step(
+            model, cfg.warp, lp.cache, lp.root, lp.emitted, _fold_all(row_keys, lp.r), temperature, stop_tokens
+        )
+        cache = _place_cache(cache, model, cfg)
+        root, emitted = _rows((root, emitted), cfg)
+        return _ARLoop(lp.r + 1, root, cache, emitted)
+
+    return body
+
+
+def _ar_result(cfg: ARConfig, lp: _ARLoop) -> GenerateResult:
+    lengths = lp.emitted.n_out
+    return _rows(GenerateResult(
+        tokens=lp.emitted.out,
+        lengths=lengths,
+        rounds=lengths,
+        target_calls=lengths,
+        draft_calls=jnp.zeros_like(lengths),
+        tau=(lengths > 0).astype(jnp.float32),
+        accepted_per_depth=jnp.zeros((lengths.shape[0], 0), jnp.int32),
+    ), cfg)
+
+
 def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, temperature, stop_tokens) -> GenerateResult:
     """The function :func:`generate_autoregressive` compiles for ``cfg`` (un-jitted):
     prefill, then :func:`~jaxspec.decode.round.autoregressive_step` in a
     ``lax.while_loop``."""
     model = nnx.merge(cfg.target_def, target_state)
-    b = tokens.shape[0]
     m = cfg.max_new_tokens
-    cache, root, _ = _start(model, tokens, lens, cfg)
-    row_keys = _row_keys(key, b)
 
-    def body(carry):
-        r, root, cache, emitted = carry
-        root, cache, emitted = autoregressive_step(
-            model, cfg.warp, cache, root, emitted, _fold_all(row_keys, r), temperature, stop_tokens
-        )
-        cache = _place_cache(cache, model, cfg)
-        root, emitted = _rows((root, emitted), cfg)
-        if cfg.on_round is not None:
-            jax.debug.callback(cfg.on_round, emitted.out, emitted.n_out, ordered=True)
-        return r + 1, root, cache, emitted
+    def cond(lp: _ARLoop):
+        return jnp.any(lp.emitted.active) & (lp.r < m)
 
-    def cond(carry):
-        return jnp.any(carry[3].active) & (carry[0] < m)
-
-    _, _, _, emitted = jax.lax.while_loop(cond, body, (jnp.int32(0), root, cache, start_emitted(b, m)))
-    lengths = emitted.n_out
-    return _rows(GenerateResult(
-        tokens=emitted.out,
-        lengths=lengths,
-        rounds=lengths,
-        target_calls=lengths,
-        draft_calls=jnp.zeros((b,), jnp.int32),
-        tau=(lengths > 0).astype(jnp.float32),
-        accepted_per_depth=jnp.zeros((b, 0), jnp.int32),
-    ), cfg)
+    body = _ar_body(cfg, model, _row_keys(key, tokens.shape[0]), temperature, stop_tokens)
+    return _ar_result(cfg, jax.lax.while_loop(cond, body, _ar_init(cfg, model, tokens, lens)))
 
 
 # --------------------------------------------------------------------------- compile cache
@@ -475,6 +512,86 @@ def compiled(cfg: SpecConfig | ARConfig) -> Callable:
     a module-level cache: equal configurations share one compilation."""
     impl = speculative_program if isinstance(cfg, SpecConfig) else autoregressive_program
     return jax.jit(functools.partial(impl, cfg))
+
+
+class StreamPrograms(NamedTuple):
+    """The loop of a configuration cut at its rounds, for streaming without a host
+    callback (a program with one is never stored in JAX's persistent compilation cache):
+    the host runs ``start``, then ``step`` (one round; its loop-state argument is donated)
+    while a row is active, reading each round's tokens from the copy ``step`` returns
+    beside the state, then ``result``. Each is a jitted function; the rounds are the
+    loop's, so the tokens are :func:`compiled`'s."""
+
+    start: Callable  # (states, tokens, lens) -> loop state
+    # (leaves of states, their treedef (static), key, loop state, *scalars)
+    #   -> (loop state after one round, (tokens int32[B, M], lengths int32[B], active bool[B]) copied)
+    step: Callable
+    result: Callable  # loop state -> GenerateResult
+
+
+@functools.lru_cache(maxsize=64)
+def compiled_stream(cfg: SpecConfig | ARConfig) -> StreamPrograms:
+    """The :class:`StreamPrograms` of ``cfg`` (cached as :func:`compiled` is). ``states``:
+    ``(target_state, draft_state)`` (``draft_state`` ``None`` for an n-gram draft) or
+    ``(target_state,)``; ``scalars`` as the compiled program's last arguments. ``step``
+    takes the states flattened once (``jax.tree.flatten``), so that a round's dispatch does
+    not walk the models' variables again."""
+    if isinstance(cfg, SpecConfig):
+        def start(states, tokens, lens):
+            return _spec_init(cfg, *_merged(cfg, *states), tokens, lens)
+
+        def step(leaves, treedef, key, lp, temperature, draft_temperature, stop_tokens):
+            states = jax.tree.unflatten(treedef, leaves)
+            body = _spec_body(cfg, *_merged(cfg, *states), _row_keys(key, lp.rounds.shape[0]), temperature,
+                              draft_temperature, stop_tokens)
+            lp = body(lp)
+            return lp, _view(lp.st.emitted)
+
+        result = functools.partial(_spec_result, cfg)
+    else:
+        def start(states, tokens, lens):
+            return _ar_init(cfg, nnx.merge(cfg.target_def, states[0]), tokens, lens)
+
+        def step(leaves, treedef, key, lp, temperature, stop_tokens):
+            states = jax.tree.unflatten(treedef, leaves)
+            model = nnx.merge(cfg.target_def, states[0])
+            lp = _ar_body(cfg, model, _row_keys(key, lp.root.shape[0]), temperature, stop_tokens)(lp)
+            return lp, _view(lp.emitted)
+
+        result = functools.partial(_ar_result, cfg)
+    return StreamPrograms(jax.jit(start), jax.jit(step, static_argnums=1, donate_argnums=3), jax.jit(result))
+
+
+def _view(em: Emitted):
+    """A copy of what the host reads after a round: not part of the loop state, which the
+    next round's call takes (donated) before the host has read it."""
+    return jax.tree.map(jnp.copy, (em.out, em.n_out, em.active))
+
+
+def _streamed(cfg, on_round, b: int, states, key, tokens, lens, *scalars) -> GenerateResult:
+    """The generation of ``cfg`` a round at a time (:func:`compiled_stream`), calling
+    ``on_round(tokens int32[b, M], lengths int32[b])`` (numpy; the first ``b`` rows, those
+    of the caller's prompts) after each round, in order."""
+    progs = compiled_stream(cfg)
+    leaves, treedef = jax.tree.flatten(states)
+
+    def step(lp):
+        return progs.step(leaves, treedef, key, lp, *scalars)
+
+    lp, view = step(progs.start(states, tokens, lens))
+    for r in range(1, cfg.max_new_tokens + 1):  # a round emits >= 1 token in every active row
+        # the next round is dispatched before the host waits for this one's tokens, so the
+        # device is not idle while the host reads them and calls on_round; after the last
+        # round that leaves one round over rows that have all ended, which changes nothing
+        ahead = step(lp) if r < cfg.max_new_tokens else None
+        out, n_out, active = jax.device_get(sharding.gather(view))
+        on_round(out[:b], n_out[:b])
+        if ahead is None:
+            break
+        lp, view = ahead
+        if not active.any():
+            break
+    return progs.result(lp)
 
 
 # --------------------------------------------------------------------------- validation
@@ -541,7 +658,7 @@ def _check_mesh(mesh, target, draft) -> Mesh | None:
     return mesh
 
 
-def _check_rows(rows, mesh, on_round) -> int | None:
+def _check_rows(rows, mesh) -> int | None:
     if rows is None:
         return None
     if not is_int(rows) or rows < 1:
@@ -549,9 +666,6 @@ def _check_rows(rows, mesh, on_round) -> int | None:
     if mesh is not None:
         raise ValueError("rows: continuous batching runs on one device; pass mesh=None, or rows=None to split "
                          "every prompt's row over the mesh")
-    if on_round is not None:
-        raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
-                         "prompts, so pass on_round=None (or rows=None)")
     return int(rows)
 
 
@@ -710,6 +824,7 @@ def generate(
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
     rows: int | None = None,
+    prompt_bucket: int | None = PROMPT_BUCKET,
 ) -> GenerateResult:
     """Lossless tree speculative sampling: the tokens have exactly the law of sampling from
     the warped target alone (greedy target decoding at ``temperature=0``).
@@ -749,8 +864,10 @@ def generate(
         :func:`resolve_stop_tokens`.
       on_round: optional host function ``f(tokens int32[B, max_new_tokens], lengths
         int32[B])`` (numpy) called after every round, in order, for streaming output.
-        It is part of the compiled configuration: pass the same object to reuse the
-        compilation.
+        The rounds then run one call each (:func:`compiled_stream`: the same rounds, so the
+        same tokens) and the host calls ``f`` between them; no callback enters a compiled
+        program, so any function reuses the compilation, and the programs can be stored
+        in JAX's persistent compilation cache.
       parts: the replaceable steps of a round (:class:`~jaxspec.decode.round.RoundParts`:
         verification mask, acceptance rule, commit); ``None`` = the library's own. A
         replaced part is the caller's claim to check, e.g. with :func:`jaxspec.verify`
@@ -771,6 +888,10 @@ def generate(
         runs one target step when no active row has a match), so its tokens depend on the
         batch, its law does not. ``None`` (default): every prompt has its own row. Not
         with ``mesh`` or ``on_round``.
+      prompt_bucket: prompts are padded to a multiple of this many tokens (default
+        :data:`PROMPT_BUCKET`; less where the models' positions leave less room), so that
+        prompts of nearby lengths share one compilation (:func:`bucket_config`); ``None``
+        pads only to the longest prompt.
 
     Returns:
       :class:`GenerateResult` (device arrays; statistics are per row, or per prompt with
@@ -782,27 +903,38 @@ def generate(
     _check_draft(draft)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
+    bucket = _check_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     # one traversal of each model's object graph gives both halves (each costs milliseconds)
     tdef, tstate = nnx.split(target)
-    ddef, dstate = (draft, None) if isinstance(draft, NgramDraft) else nnx.split(draft)
+    ngram = isinstance(draft, NgramDraft)
+    ddef, dstate = (draft, None) if ngram else nnx.split(draft)
     cfg, t_temp, d_temp = build_config(
         target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        on_round=on_round, parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, ddef),
+        parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, ddef),
     )
-    return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop)
+    if _check_on_round(on_round) is not None and cfg.rows is not None:
+        raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
+                         "prompts, so pass on_round=None (or rows=None)")
+    cfg, tokens = bucket_config(cfg, tokens, (target,) if ngram else (target, draft), bucket)
+    return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop, on_round=on_round)
 
 
 def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature,
-                 draft_temperature, stop_tokens=()) -> GenerateResult:
+                 draft_temperature, stop_tokens=(), on_round=None) -> GenerateResult:
     """Run the compiled function of ``cfg`` on validated inputs (no checks; tests and
     benchmarks use it to reuse a configuration, e.g. one with other :class:`RoundParts`).
-    With ``cfg.mesh``, the inputs are first placed on it (:func:`_on_mesh`)."""
+    With ``cfg.mesh``, the inputs are first placed on it (:func:`_on_mesh`); with
+    ``on_round``, the rounds run one call at a time (:func:`_streamed`)."""
     states = (target_state,) if draft_state is None else (target_state, draft_state)
     defs = (cfg.target_def,) if draft_state is None else (cfg.target_def, cfg.draft_def)
     scalars = (jnp.float32(temperature), jnp.float32(draft_temperature), stop_array(stop_tokens))
+    if on_round is not None:
+        call = functools.partial(_streamed, cfg, on_round, np.shape(tokens)[0])
+        return _on_mesh(cfg, defs, states, key, tokens, lens, scalars,
+                        lambda st, *rest: call((st[0], st[1] if len(st) > 1 else None), *rest))
     return _on_mesh(cfg, defs, states, key, tokens, lens, scalars, lambda st, *rest: compiled(cfg)(
         st[0], st[1] if len(st) > 1 else None, *rest))
 
@@ -841,6 +973,44 @@ def stop_array(stop_tokens):
     return jnp.asarray(np.concatenate([stop, np.full(size - stop.size, -1, np.int32)]))
 
 
+def _check_bucket(prompt_bucket) -> int | None:
+    if prompt_bucket is not None and (not is_int(prompt_bucket) or prompt_bucket < 1):
+        raise ValueError(f"prompt_bucket = {prompt_bucket!r}: expected an integer >= 1 or None")
+    return None if prompt_bucket is None else int(prompt_bucket)
+
+
+def bucket_width(width: int, bucket: int | None, room: int) -> int:
+    """The padded prompt width a generation compiles for: ``width`` rounded up to a
+    multiple of ``bucket``, but at most ``room`` columns more (what the models' positions
+    leave), and ``width`` itself for ``bucket=None``::
+
+        bucket_width(5, 32, 1000)    # 32
+        bucket_width(33, 32, 1000)   # 64
+        bucket_width(33, 32, 10)     # 43: 64 would pass max_position_embeddings
+    """
+    if bucket is None:
+        return width
+    return min(-(-width // bucket) * bucket, width + max(room, 0))
+
+
+def bucket_config(cfg, tokens: np.ndarray, models, prompt_bucket: int | None):
+    """``(cfg, tokens)`` for prompts ``tokens int32[B, P]`` right-padded with 0 to
+    :func:`bucket_width` columns and ``cfg`` (a :class:`SpecConfig` or :class:`ARConfig`
+    built for width ``P``) with its cache capacity grown by the same amount, within every
+    model of ``models``' ``max_position_embeddings``. Prompts of lengths in one bucket then
+    share one compiled program: without it, every new prompt length compiles anew (and a
+    process that meets many of them keeps one program per length). The padding columns
+    are past every row's length, as in a ragged batch, so the law of the tokens is the
+    same, and the tokens too up to the last bits of the longer attention sums."""
+    width = tokens.shape[1]
+    room = min(m.config.max_position_embeddings for m in models) - cfg.capacity
+    padded = bucket_width(width, prompt_bucket, room)
+    if padded == width:
+        return cfg, tokens
+    tokens = np.pad(tokens, ((0, 0), (0, padded - width)))
+    return dataclasses.replace(cfg, capacity=cfg.capacity + padded - width), tokens
+
+
 def generate_autoregressive(
     key,
     target: Transformer,
@@ -853,32 +1023,36 @@ def generate_autoregressive(
     stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
     mesh: Mesh | None = None,
+    prompt_bucket: int | None = PROMPT_BUCKET,
 ) -> GenerateResult:
     """Target-only sampling (the baseline), same model code and output format as
     :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
     with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
     step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``stop_tokens``
     as in :func:`generate` (default: the target's ``eos_token_id``; ``()``: none);
-    ``on_round`` as in :func:`generate` (called after every token); ``mesh`` as in
-    :func:`generate`."""
+    ``on_round`` as in :func:`generate` (called after every token); ``mesh`` and
+    ``prompt_bucket`` as in :func:`generate`."""
     check_transformer("target", target)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
+    bucket = _check_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, on_round=on_round, mesh=mesh, graphdef=tdef,
+        top_k=top_k, top_p=top_p, mesh=mesh, graphdef=tdef,
     )
-    return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop)
+    cfg, tokens = bucket_config(cfg, tokens, (target,), bucket)
+    return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop, on_round=_check_on_round(on_round))
 
 
 def run_compiled_autoregressive(cfg: ARConfig, target_state, key, tokens, lens, temperature,
-                                stop_tokens=()) -> GenerateResult:
+                                stop_tokens=(), on_round=None) -> GenerateResult:
     """:func:`run_compiled` for a target-only configuration (:func:`build_ar_config`)."""
+    call = (lambda st, *rest: compiled(cfg)(st[0], *rest)) if on_round is None else \
+        functools.partial(_streamed, cfg, on_round, np.shape(tokens)[0])
     return _on_mesh(cfg, (cfg.target_def,), (target_state,), key, tokens, lens,
-                    (jnp.float32(temperature), stop_array(stop_tokens)),
-                    lambda st, *rest: compiled(cfg)(st[0], *rest))
+                    (jnp.float32(temperature), stop_array(stop_tokens)), call)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -899,7 +1073,6 @@ def build_config(
     draft_temperature: float | None = None,
     draft_top_k: int | None = None,
     draft_top_p: float | None = None,
-    on_round: Callable | None = None,
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
     rows: int | None = None,
@@ -989,10 +1162,9 @@ def build_config(
     else:
         tdef, ddef = _check_graphdefs(graphdefs, draft)
     mesh = _check_mesh(mesh, target, None if ngram else draft)
-    rows = _check_rows(rows, mesh, on_round)
+    rows = _check_rows(rows, mesh)
     cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
-                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), on_round=_check_on_round(on_round),
-                     mesh=mesh, rows=rows)
+                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), mesh=mesh, rows=rows)
     return cfg, t_temp, d_temp
 
 
@@ -1004,7 +1176,6 @@ def build_ar_config(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    on_round: Callable | None = None,
     mesh: Mesh | None = None,
     graphdef=None,
 ) -> tuple[ARConfig, float]:
@@ -1018,5 +1189,4 @@ def build_ar_config(
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
     tdef = nnx.graphdef(target) if graphdef is None else _check_graphdef("graphdef", graphdef)
-    return ARConfig(tdef, warp, m, capacity, on_round=_check_on_round(on_round),
-                    mesh=_check_mesh(mesh, target, None)), temp
+    return ARConfig(tdef, warp, m, capacity, mesh=_check_mesh(mesh, target, None)), temp

@@ -1,0 +1,139 @@
+"""Prompt-length buckets (``prompt_bucket=`` of generate / generate_autoregressive): prompts
+padded to a multiple of the bucket share one compiled program, the padding never refuses a
+generation that fits the models' positions, and the tokens are those of the unpadded
+program."""
+
+import jax
+import numpy as np
+import pytest
+from _tiny import tiny_head, tiny_pair
+
+from jaxspec.decode import generate as gen
+from jaxspec.decode.ngram import NgramDraft
+
+V = 8
+PROMPTS = [[3, 1, 4, 1, 5], [2], [6, 5, 3, 5, 0, 7, 2]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair(5, vocab_size=V, hidden_size=16, num_heads=2, num_kv_heads=1, num_layers=2)
+
+
+def test_bucket_width_literals():
+    assert gen.bucket_width(5, 32, 1000) == 32
+    assert gen.bucket_width(32, 32, 1000) == 32
+    assert gen.bucket_width(33, 32, 1000) == 64
+    assert gen.bucket_width(1, 1, 1000) == 1
+    assert gen.bucket_width(33, 32, 10) == 43  # only the room the positions leave
+    assert gen.bucket_width(33, 32, 0) == 33
+    assert gen.bucket_width(33, None, 1000) == 33
+
+
+def test_bucket_config_pads_the_prompts_and_the_capacity(pair):
+    target, draft = pair
+    tokens, lens = gen.prepare_prompts(PROMPTS, V)  # [3, 7]
+    cfg, _, _ = gen.build_config(target, draft, prompt_length=7, max_new_tokens=12, tree="chain:3")
+    assert cfg.capacity == 7 + 12 + 3 + 1
+    bcfg, btokens = gen.bucket_config(cfg, tokens, (target, draft), 32)
+    assert btokens.shape == (3, 32) and btokens.dtype == np.int32
+    np.testing.assert_array_equal(btokens[:, :7], tokens)
+    assert not btokens[:, 7:].any()  # zeros, past every row's length
+    assert bcfg.capacity == 32 + 12 + 3 + 1
+    assert bcfg == cfg.__class__(**{**cfg.__dict__, "capacity": bcfg.capacity})  # nothing else changes
+    # max_position_embeddings = 64: 40 new tokens leave room for 7 + 13 prompt columns, not 32
+    near, _, _ = gen.build_config(target, draft, prompt_length=7, max_new_tokens=40, tree="chain:3")
+    ncfg, ntokens = gen.bucket_config(near, tokens, (target, draft), 32)
+    assert ntokens.shape == (3, 20) and ncfg.capacity == 64
+    ar, _ = gen.build_ar_config(target, prompt_length=7, max_new_tokens=12)
+    acfg, atokens = gen.bucket_config(ar, tokens, (target,), 32)
+    assert atokens.shape == (3, 32) and acfg.capacity == 32 + 12
+    assert gen.bucket_config(cfg, tokens, (target, draft), None) == (cfg, tokens)
+
+
+@pytest.fixture
+def new_programs(monkeypatch):
+    """``count()``: programs compiled since the test began, through every function
+    :func:`jaxspec.decode.generate.compiled` handed out (its jit cache: one entry per input
+    shape), and ``configs``: how many distinct configurations asked for one."""
+    real, before = gen.compiled, {}
+
+    def watching(cfg):
+        fn = real(cfg)
+        before.setdefault(id(fn), (fn, fn._cache_size()))  # the size before this call compiles
+        return fn
+
+    monkeypatch.setattr(gen, "compiled", watching)
+
+    class Count:
+        def __call__(self):
+            return sum(fn._cache_size() - n for fn, n in before.values())
+
+        @property
+        def configs(self):
+            return len(before)
+
+        def reset(self):
+            before.clear()
+
+    return Count()
+
+
+@pytest.mark.parametrize("mode", ["speculative", "target_only"])
+def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
+    target, draft = pair
+
+    def run(prompt, bucket):
+        if mode == "speculative":
+            return gen.generate(jax.random.key(0), target, draft, [prompt], max_new_tokens=9, tree="chain:2",
+                                temperature=1.0, prompt_bucket=bucket)
+        return gen.generate_autoregressive(jax.random.key(0), target, [prompt], max_new_tokens=9, prompt_bucket=bucket)
+
+    lengths = (1, 4, 9, 16)
+    for n in lengths:
+        run([1] * n, 16)
+    assert new_programs.configs == 1 and new_programs() <= 1  # one configuration, one input shape
+    new_programs.reset()
+    for n in (2, 5, 10, 15):
+        run([1] * n, None)
+    assert new_programs.configs == 4 and new_programs() == 4  # one program per length
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("drafter", ["model", "head", "ngram"])
+def test_bucketed_tokens_are_the_unpadded_tokens(pair, temperature, drafter):
+    target, draft = pair
+    draft = {"model": draft, "head": tiny_head(target), "ngram": NgramDraft(max_ngram=2)}[drafter]
+    kw = dict(max_new_tokens=12, tree="chain:3", temperature=temperature, stop_tokens=(0,))
+    outs = [gen.generate(jax.random.key(7), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
+    for name in gen.GenerateResult._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(outs[0], name)), np.asarray(getattr(outs[1], name)),
+                                      err_msg=name)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bucketed_target_only_tokens_are_the_unpadded_tokens(pair, temperature):
+    target, _ = pair
+    outs = [gen.generate_autoregressive(jax.random.key(8), target, PROMPTS, max_new_tokens=12,
+                                        temperature=temperature, prompt_bucket=b) for b in (None, 32)]
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+    np.testing.assert_array_equal(np.asarray(outs[0].lengths), np.asarray(outs[1].lengths))
+
+
+def test_a_bucket_never_refuses_what_fits(pair):
+    target, draft = pair
+    # 7 + 50 + 3 + 1 = 61 <= 64 positions: fits unpadded; a 32-column bucket would not
+    out = gen.generate(jax.random.key(0), target, draft, PROMPTS, max_new_tokens=50, tree="chain:3",
+                       stop_tokens=())
+    assert np.asarray(out.lengths).tolist() == [50, 50, 50]
+    out = gen.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=57, stop_tokens=())
+    assert np.asarray(out.lengths).tolist() == [57, 57, 57]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "32", True])
+def test_bad_bucket_is_refused(pair, bad):
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"prompt_bucket = .*: expected an integer >= 1 or None"):
+        gen.generate(jax.random.key(0), target, draft, [[1]], max_new_tokens=2, prompt_bucket=bad)
+    with pytest.raises(ValueError, match=r"prompt_bucket = .*: expected an integer >= 1 or None"):
+        gen.generate_autoregressive(jax.random.key(0), target, [[1]], max_new_tokens=2, prompt_bucket=bad)
