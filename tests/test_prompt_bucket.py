@@ -94,9 +94,9 @@ def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
         run([1] * n, 16)
     assert new_programs.configs == 1 and new_programs() <= 1  # one configuration, one input shape
     new_programs.reset()
-    for n in (2, 5, 10, 15):
+    for n in (2, 5):
         run([1] * n, None)
-    assert new_programs.configs == 4 and new_programs() == 4  # one program per length
+    assert new_programs.configs == 2 and new_programs() == 2  # one program per length
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

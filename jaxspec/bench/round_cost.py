@@ -171,6 +171,7 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     ddef, dstate = nnx.split(draft)
     scfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=m,
                                             tree=spec, scheme=scheme, temperature=temp, graphdefs=(tdef, ddef))
+    scfg, tokens = _bucketed(scfg, tokens, (target, draft))
     prefill = jax.jit(lambda ts, ds, tok, ln: gen.start_program(scfg, ts, ds, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2  # the cache fill at which forwards are costed
     b = tokens.shape[0]
@@ -215,11 +216,20 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     return row
 
 
+def _bucketed(config, tokens, models):
+    """The configuration and padded prompts of the program :func:`jaxspec.generate` runs
+    (its default ``prompt_bucket``), so that the compiled call, the prefill and the
+    forwards' cache capacity are those of the timed ``generate`` call."""
+    config, padded = gen.bucket_config(config, np.asarray(tokens), models, gen.PROMPT_BUCKET)
+    return config, jnp.asarray(padded)
+
+
 def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: float) -> dict:
     m = cfg.max_new_tokens
     tdef, tstate = nnx.split(target)
     acfg, a_temp = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=m, temperature=temp,
                                        graphdef=tdef)
+    acfg, tokens = _bucketed(acfg, tokens, (target,))
     prefill = jax.jit(lambda ts, tok, ln: gen.start_program(acfg, ts, None, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2
     b = tokens.shape[0]
