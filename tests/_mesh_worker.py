@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +63,8 @@ def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
 
 
 def streamed() -> dict:
-    """Streaming (``on_round``) on a mesh: the one-device tokens, and ``on_round`` sees the
-    caller's 6 rows, not the 8 the data axis pads them to."""
+    """Streaming (``on_round``) on a (4, 2) mesh: the one-device tokens, and ``on_round``
+    sees the caller's 6 rows, not the 8 the data axis of 4 pads them to."""
     res = {}
     for mode in ("speculative", "target-only"):
         kw = dict(max_new_tokens=10, temperature=1.0, stop_tokens=(5,))
@@ -74,8 +75,10 @@ def streamed() -> dict:
             def run(**extra):
                 return jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw, **extra)
         seen = []
-        out = run(mesh=jaxspec.make_mesh(2, 4), on_round=lambda t, n: seen.append((t.shape, n.tolist())))
-        res[mode] = {"ref": tokens(run()), "mesh": tokens(out), "shapes": sorted({list(s) == [6, 10] for s, _ in seen}),
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = run(mesh=jaxspec.make_mesh(4, 2), on_round=lambda t, n: seen.append((t.shape, n.tolist())))
+        res[mode] = {"warnings": [str(w.message)[:200] for w in caught],"ref": tokens(run()), "mesh": tokens(out), "shapes": sorted({list(s) == [6, 10] for s, _ in seen}),
                      "calls": len(seen), "loop_rounds": out.summary()["loop_rounds"],
                      "last_lengths": seen[-1][1], "lengths": np.asarray(out.lengths).tolist()}
     return res

@@ -320,13 +320,18 @@ def test_verify_streams_what_generate_compiles(kw, monkeypatch):
 @pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
 def test_build_config_is_what_generate_compiles(kw, monkeypatch):
     """generate's configuration is build_config's (and generate_autoregressive's is
-    build_ar_config's), with the temperatures build_config resolves."""
+    build_ar_config's) padded to the default prompt bucket by bucket_config, with the
+    temperatures build_config resolves."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
     spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
     cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **kw)
     warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
     ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon, **warp)
+    one = np.zeros((1, len(prompt)), np.int32)
+    assert cfg != spec  # generate pads the 3-token prompt to 32 columns
+    cfg, _ = gen.bucket_config(cfg, one, (target, draft), gen.PROMPT_BUCKET)
+    ar_cfg, _ = gen.bucket_config(ar_cfg, one, (target,), gen.PROMPT_BUCKET)
     assert cfg == spec and ar_cfg == ar
     assert t == ar_t == kw.get("temperature", 1.0)
     assert dt == sampling.draft_warp_args(kw["scheme"], kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"),

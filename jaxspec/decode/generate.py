@@ -298,19 +298,33 @@ def _merged(cfg: SpecConfig, target_state, draft_state):
     return target, cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
 
 
+def _placed(cfg: SpecConfig, target, draft, lp: _SpecLoop) -> _SpecLoop:
+    """The loop state in its layout on ``cfg.mesh`` (caches as :func:`_place_cache`, every
+    other per-row array split by rows), the same after the prefill as after every round, so
+    that a streamed round's program meets one input layout; the identity without a mesh."""
+    if cfg.mesh is None:
+        return lp
+    st = lp.st
+    ngram = isinstance(draft, NgramDraft)
+    st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
+                     dcache=_rows(st.dcache, cfg) if ngram else _place_cache(st.dcache, draft, cfg),
+                     prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
+    rounds, accepted = _rows((lp.rounds, lp.accepted), cfg)
+    return lp._replace(st=st, rounds=rounds, accepted=accepted)
+
+
 def _spec_init(cfg: SpecConfig, target, draft, tokens, lens) -> _SpecLoop:
     b = tokens.shape[0]
-    return _SpecLoop(
+    return _placed(cfg, target, draft, _SpecLoop(
         r=jnp.int32(0),
-        st=_start_state(cfg, target, draft, tokens, lens),  # caches placed on cfg.mesh by _start
+        st=_start_state(cfg, target, draft, tokens, lens),
         rounds=jnp.zeros((b,), jnp.int32),
         accepted=jnp.zeros((b, cfg.stat_depth), jnp.int32),
-    )
+    ))
 
 
 def _spec_body(cfg: SpecConfig, target, draft, row_keys, temperature, draft_temperature, stop_tokens):
     """One round of the loop, ``_SpecLoop -> _SpecLoop`` (``row_keys``: :func:`_row_keys`)."""
-    ngram = isinstance(draft, NgramDraft)
     round_cfg = cfg.round_config
 
     def body(lp: _SpecLoop) -> _SpecLoop:
@@ -319,12 +333,8 @@ def _spec_body(cfg: SpecConfig, target, draft, row_keys, temperature, draft_temp
             round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature,
             stop_tokens,
         )
-        if cfg.mesh is not None:
-            st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
-                             dcache=_rows(st.dcache, cfg) if ngram else _place_cache(st.dcache, draft, cfg),
-                             prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
         rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, cfg.stat_depth)
-        return _SpecLoop(r=lp.r + 1, st=st, rounds=rounds, accepted=accepted)
+        return _placed(cfg, target, draft, _SpecLoop(r=lp.r + 1, st=st, rounds=rounds, accepted=accepted))
 
     return body
 
@@ -460,8 +470,9 @@ class _ARLoop(NamedTuple):
 
 
 def _ar_init(cfg: ARConfig, model, tokens, lens) -> _ARLoop:
-    cache, root, _ = _start(model, tokens, lens, cfg)
-    return _ARLoop(jnp.int32(0), root, cache, start_emitted(tokens.shape[0], cfg.max_new_tokens))
+    cache, root, _ = _start(model, tokens, lens, cfg)  # the cache placed on cfg.mesh by _start
+    root, emitted = _rows((root, start_emitted(tokens.shape[0], cfg.max_new_tokens)), cfg)  # as after a step
+    return _ARLoop(jnp.int32(0), root, cache, emitted)
 
 
 def _ar_body(cfg: ARConfig, model, row_keys, temperature, stop_tokens):
@@ -520,7 +531,8 @@ class StreamPrograms(NamedTuple):
     the host runs ``start``, then ``step`` (one round; its loop-state argument is donated)
     while a row is active, reading each round's tokens from the copy ``step`` returns
     beside the state, then ``result``. Each is a jitted function; the rounds are the
-    loop's, so the tokens are :func:`compiled`'s."""
+    loop's (another compilation of them: the same tokens up to the last bits of its float
+    sums)."""
 
     start: Callable  # (states, tokens, lens) -> loop state
     # (leaves of states, their treedef (static), key, loop state, *scalars)
@@ -537,6 +549,10 @@ def compiled_stream(cfg: SpecConfig | ARConfig) -> StreamPrograms:
     takes the states flattened once (``jax.tree.flatten``), so that a round's dispatch does
     not walk the models' variables again."""
     if isinstance(cfg, SpecConfig):
+        if cfg.rows is not None:
+            raise ValueError("rows: continuous batching does not stream (a row changes prompts); "
+                             "pass on_round=None, or a configuration with rows=None")
+
         def start(states, tokens, lens):
             return _spec_init(cfg, *_merged(cfg, *states), tokens, lens)
 
@@ -589,7 +605,7 @@ def _streamed(cfg, on_round, b: int, states, key, tokens, lens, *scalars) -> Gen
         if ahead is None:
             break
         lp, view = ahead
-        if not active.any():
+        if not active[:b].any():  # a mesh's padding rows (dropped from the result) may run on
             break
     return progs.result(lp)
 
@@ -864,8 +880,9 @@ def generate(
         :func:`resolve_stop_tokens`.
       on_round: optional host function ``f(tokens int32[B, max_new_tokens], lengths
         int32[B])`` (numpy) called after every round, in order, for streaming output.
-        The rounds then run one call each (:func:`compiled_stream`: the same rounds, so the
-        same tokens) and the host calls ``f`` between them; no callback enters a compiled
+        The rounds then run one call each (:func:`compiled_stream`: the same rounds, and
+        on CPU the tests find the same tokens) and the host calls ``f`` between them (so
+        ``generate`` returns when the last round has run); no callback enters a compiled
         program, so any function reuses the compilation, and the programs can be stored
         in JAX's persistent compilation cache.
       parts: the replaceable steps of a round (:class:`~jaxspec.decode.round.RoundParts`:
@@ -1082,7 +1099,8 @@ def build_config(
     ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
     argument). The one place where generation settings become a :class:`SpecConfig`:
     :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
-    call it, so the harness tests exactly what ``generate`` runs.
+    call it, then pad it to the prompt bucket (:func:`bucket_config`), so the harness
+    tests exactly what ``generate`` runs.
 
     Arguments as in :func:`generate`; ``graphdefs``: ``(target graphdef, draft graphdef)``
     when the caller already split the models (``nnx.split``; an n-gram draft is its own

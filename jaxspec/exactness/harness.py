@@ -174,6 +174,7 @@ class _Setup:
     draft_temperature: float
     target_warp: dict
     draft_warp: dict
+    widths: dict  # the padded prompt width each configuration compiles for (generate's prompt_bucket)
 
 
 #: what a temperature-0 run shows (its report's ``config["scope"]``)
@@ -187,7 +188,8 @@ def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
     ``prompt``: built, and validated, by their own :func:`jaxspec.decode.generate.build_config`
-    and :func:`~jaxspec.decode.generate.build_ar_config`."""
+    and :func:`~jaxspec.decode.generate.build_ar_config`, then padded to generate's default
+    prompt bucket (:func:`~jaxspec.decode.generate.bucket_config`)."""
     settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
     t = len(prompt)
@@ -195,10 +197,15 @@ def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top
     first_cfg, _, _ = gen.build_config(target, draft, prompt_length=t, max_new_tokens=1, **settings)
     ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, temperature=temperature,
                                      top_k=top_k, top_p=top_p)
+    one = np.zeros((1, t), np.int32)
+    (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), gen.PROMPT_BUCKET)
+                                                    for c in (spec_cfg, first_cfg))
+    ar_cfg, ar_tok = gen.bucket_config(ar_cfg, one, (target,), gen.PROMPT_BUCKET)
     t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
     return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
                   dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p),
-                  dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p))
+                  dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p),
+                  {"spec": spec_tok.shape[1], "first": first_tok.shape[1], "ar": ar_tok.shape[1]})
 
 
 # --------------------------------------------------------------------------- verify
@@ -457,16 +464,19 @@ def verify(
                   chunk=chunk, devices=devices, progress=progress, mesh=mesh)
 
     spec, timings["speculative"] = count_samples("spec", spec_cfg, impl, states, temps,
-                                                 jax.random.fold_in(base, 0), desc="speculative", **common)
+                                                 jax.random.fold_in(base, 0), desc="speculative",
+                                                 width=setup.widths["spec"], **common)
     ar, timings["target_only"] = count_samples("ar", setup.ar_cfg, gen.autoregressive_program, states[:1], temps[:1],
-                                               jax.random.fold_in(base, 1), desc="target only", **common)
+                                               jax.random.fold_in(base, 1), desc="target only",
+                                               width=setup.widths["ar"], **common)
 
     # ------------------------------------------------------------------ acceptance
     acc_obs = None
     acc_n = 0
     if check_acceptance:
         first, timings["first_round"] = count_samples("first", first_cfg, impl, states, temps,
-                                                      jax.random.fold_in(base, 2), desc="first round", **common)
+                                                      jax.random.fold_in(base, 2), desc="first round",
+                                                      width=setup.widths["first"], **common)
         acc_n = num_samples
         acc_obs = first["accepted"] / num_samples
 

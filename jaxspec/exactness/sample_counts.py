@@ -73,15 +73,18 @@ def _block_mesh(devices: tuple, mesh: Mesh | None) -> tuple[Mesh, str]:
 
 @functools.lru_cache(maxsize=32)
 def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int, prompt: tuple, horizon: int,
-             vocab: int):
+             vocab: int, width: int):
     """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
-    mesh) -> psum-ed integer counts."""
+    mesh) -> psum-ed integer counts. The prompt is right-padded with 0 to ``width``
+    columns, as :func:`jaxspec.generate` pads it to its prompt bucket."""
     mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
+    padded = np.zeros((width,), np.int32)
+    padded[:t] = prompt
 
     def local(states, key_data, block, n_valid, temps, levels):
         key = jax.random.fold_in(jax.random.wrap_key_data(key_data), block[0])
-        tokens = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (chunk, t))
+        tokens = jnp.broadcast_to(jnp.asarray(padded), (chunk, width))
         lens = jnp.full((chunk,), t, jnp.int32)
         stop = jnp.zeros((0,), jnp.int32)
         if kind == "ar":
@@ -110,7 +113,8 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
 
 
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
-                  chunk: int, devices, progress: bool, desc: str, mesh: Mesh | None = None) -> tuple[dict, dict]:
+                  chunk: int, devices, progress: bool, desc: str, mesh: Mesh | None = None,
+                  width: int | None = None) -> tuple[dict, dict]:
     """Run ``impl(cfg, *states, ...)`` (a program of :mod:`jaxspec.decode.generate`:
     ``speculative_program``, a mutant's through ``cfg.parts``, or ``autoregressive_program``)
     on ``num_samples`` copies of ``prompt`` and sum the counts of its
@@ -122,7 +126,8 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``).
     With ``mesh`` (a ``(data, model)`` mesh; ``devices`` is then unused), blocks run over
     its ``data`` axis and ``states`` must already be placed on it
-    (:func:`jaxspec.nn.sharding.shard_state`), as ``cfg.mesh`` expects.
+    (:func:`jaxspec.nn.sharding.shard_state`), as ``cfg.mesh`` expects. ``width``: the
+    padded prompt width ``cfg`` was built for (default ``len(prompt)``).
     Returns (int64 counts by name, {"compile_s", "total_s"})."""
     n_dev = len(devices) if mesh is None else int(mesh.shape["data"])
     if not 1 <= chunk < 2**31:
@@ -134,7 +139,7 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
             f"{2**31 - n_dev} blocks (an int32 block index): use fewer samples or a larger chunk_size"
         )
     fn, mesh_, axis = _step_fn(kind, cfg, impl, tuple(devices) if mesh is None else (), mesh, chunk,
-                               tuple(prompt), horizon, vocab)
+                               tuple(prompt), horizon, vocab, len(prompt) if width is None else int(width))
     rep = NamedSharding(mesh_, P())
     sharded = NamedSharding(mesh_, P(axis))
     if mesh is None:
