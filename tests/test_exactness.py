@@ -259,9 +259,9 @@ _CONFIG_CASES = [
 ]
 
 
-def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw):
+def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=None):
     """The configurations generate (budget ``horizon``, and 1) and generate_autoregressive
-    hand to their compile cache (captured before compilation)."""
+    hand to their compile cache (captured before compilation), with ``prompt_bucket``."""
 
     def capture(cfg):
         raise _Captured(cfg)
@@ -270,11 +270,13 @@ def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw):
     out = []
     for budget in (horizon, 1):
         with pytest.raises(_Captured) as c:
-            gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=budget, **kw)
+            gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=budget,
+                         prompt_bucket=prompt_bucket, **kw)
         out.append(c.value.args[0])
     warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
     with pytest.raises(_Captured) as c:
-        gen.generate_autoregressive(jax.random.key(0), target, [list(prompt)] * 2, max_new_tokens=horizon, **warp)
+        gen.generate_autoregressive(jax.random.key(0), target, [list(prompt)] * 2, max_new_tokens=horizon,
+                                    prompt_bucket=prompt_bucket, **warp)
     out.append(c.value.args[0])
     monkeypatch.undo()
     return out
@@ -297,16 +299,19 @@ def _verify_streams(monkeypatch, **kw):
     return seen
 
 
+@pytest.mark.parametrize("bucket", [None, gen.PROMPT_BUCKET])
 @pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
-def test_verify_streams_what_generate_compiles(kw, monkeypatch):
+def test_verify_streams_what_generate_compiles(kw, bucket, monkeypatch):
     """The speculative, first-round and target-only runs of verify use the very
     configurations (equal, hashable: one compile-cache entry) that generate(max_new_tokens
     = horizon), generate(max_new_tokens = 1) and generate_autoregressive compile for the
-    same arguments, with the library's own round functions."""
+    same arguments, with the library's own round functions: verify's default with
+    generate(prompt_bucket=None), verify(prompt_bucket=32) with generate's default."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
-    spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
-    seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw)
+    spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=bucket)
+    extra = {} if bucket is None else {"prompt_bucket": bucket}
+    seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw, **extra)
     assert seen["spec"] == (spec, gen.speculative_program)
     assert seen["first"] == (first, gen.speculative_program)
     assert seen["ar"] == (ar, gen.autoregressive_program)
@@ -314,7 +319,9 @@ def test_verify_streams_what_generate_compiles(kw, monkeypatch):
     # the comparison can fail: a neighbouring configuration is a different one
     assert spec != first and seen["spec"][0] != dataclasses.replace(spec, capacity=spec.capacity + 1)
     other = dict(kw, top_k=2) if kw.get("top_k") != 2 else dict(kw, top_k=None)
-    assert _generate_compiles(monkeypatch, target, draft, prompt, horizon, other)[0] != seen["spec"][0]
+    assert _generate_compiles(monkeypatch, target, draft, prompt, horizon, other, bucket)[0] != seen["spec"][0]
+    other_bucket = gen.PROMPT_BUCKET if bucket is None else None
+    assert _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, other_bucket)[0] != seen["spec"][0]
 
 
 @pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
@@ -324,7 +331,7 @@ def test_build_config_is_what_generate_compiles(kw, monkeypatch):
     temperatures build_config resolves."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
-    spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw)
+    spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=gen.PROMPT_BUCKET)
     cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **kw)
     warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
     ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon, **warp)

@@ -137,3 +137,15 @@ def test_bad_bucket_is_refused(pair, bad):
         gen.generate(jax.random.key(0), target, draft, [[1]], max_new_tokens=2, prompt_bucket=bad)
     with pytest.raises(ValueError, match=r"prompt_bucket = .*: expected an integer >= 1 or None"):
         gen.generate_autoregressive(jax.random.key(0), target, [[1]], max_new_tokens=2, prompt_bucket=bad)
+
+
+def test_verify_tests_the_padded_program():
+    """verify(prompt_bucket=32) samples the program generate runs by default (the 3-token
+    prompt padded to 32 columns) and finds the target's law."""
+    from jaxspec.exactness import verify
+
+    report = verify(num_samples=2**15, progress=False, prompt_bucket=gen.PROMPT_BUCKET)
+    assert report.config["prompt_bucket"] == gen.PROMPT_BUCKET
+    assert report.verdict == "passed", report
+    with pytest.raises(ValueError, match=r"prompt_bucket = 0: expected an integer >= 1 or None"):
+        verify(num_samples=16, progress=False, prompt_bucket=0)

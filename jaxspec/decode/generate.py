@@ -84,6 +84,7 @@ __all__ = [
     "start_program",
     "prepare_prompts",
     "PROMPT_BUCKET",
+    "check_prompt_bucket",
     "bucket_width",
     "bucket_config",
     "stop_array",
@@ -920,7 +921,7 @@ def generate(
     _check_draft(draft)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
-    bucket = _check_bucket(prompt_bucket)
+    bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     # one traversal of each model's object graph gives both halves (each costs milliseconds)
     tdef, tstate = nnx.split(target)
@@ -990,7 +991,8 @@ def stop_array(stop_tokens):
     return jnp.asarray(np.concatenate([stop, np.full(size - stop.size, -1, np.int32)]))
 
 
-def _check_bucket(prompt_bucket) -> int | None:
+def check_prompt_bucket(prompt_bucket) -> int | None:
+    """``prompt_bucket`` validated: ``None`` or an integer >= 1 (``ValueError`` naming it)."""
     if prompt_bucket is not None and (not is_int(prompt_bucket) or prompt_bucket < 1):
         raise ValueError(f"prompt_bucket = {prompt_bucket!r}: expected an integer >= 1 or None")
     return None if prompt_bucket is None else int(prompt_bucket)
@@ -1052,7 +1054,7 @@ def generate_autoregressive(
     check_transformer("target", target)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
-    bucket = _check_bucket(prompt_bucket)
+    bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
@@ -1099,8 +1101,8 @@ def build_config(
     ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
     argument). The one place where generation settings become a :class:`SpecConfig`:
     :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
-    call it, then pad it to the prompt bucket (:func:`bucket_config`), so the harness
-    tests exactly what ``generate`` runs.
+    call it (``generate`` then pads it to its prompt bucket with :func:`bucket_config`, as
+    ``verify(prompt_bucket=...)`` does), so the harness tests what ``generate`` runs.
 
     Arguments as in :func:`generate`; ``graphdefs``: ``(target graphdef, draft graphdef)``
     when the caller already split the models (``nnx.split``; an n-gram draft is its own

@@ -184,12 +184,13 @@ GREEDY_SCOPE = ("temperature 0: the target law is one cell (the greedy sequence)
 
 
 def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-           draft_temperature, draft_top_k, draft_top_p, rule="token", parts=None) -> _Setup:
+           draft_temperature, draft_top_k, draft_top_p, rule="token", parts=None, prompt_bucket=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
     ``prompt``: built, and validated, by their own :func:`jaxspec.decode.generate.build_config`
-    and :func:`~jaxspec.decode.generate.build_ar_config`, then padded to generate's default
-    prompt bucket (:func:`~jaxspec.decode.generate.bucket_config`)."""
+    and :func:`~jaxspec.decode.generate.build_ar_config`, then padded to ``prompt_bucket``
+    (:func:`~jaxspec.decode.generate.bucket_config`; ``None``: the prompt's own width, what
+    ``generate(..., prompt_bucket=None)`` compiles)."""
     settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, temperature=temperature, top_k=top_k, top_p=top_p,
                     draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
     t = len(prompt)
@@ -198,9 +199,9 @@ def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top
     ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, temperature=temperature,
                                      top_k=top_k, top_p=top_p)
     one = np.zeros((1, t), np.int32)
-    (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), gen.PROMPT_BUCKET)
+    (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), prompt_bucket)
                                                     for c in (spec_cfg, first_cfg))
-    ar_cfg, ar_tok = gen.bucket_config(ar_cfg, one, (target,), gen.PROMPT_BUCKET)
+    ar_cfg, ar_tok = gen.bucket_config(ar_cfg, one, (target,), prompt_bucket)
     t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
     return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
                   dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p),
@@ -346,6 +347,7 @@ def verify(
     devices: Sequence | None = None,
     mesh=None,
     progress: bool = True,
+    prompt_bucket: int | None = None,
 ) -> VerifyReport:
     """Test that speculative decoding with this configuration samples the target's law.
 
@@ -377,6 +379,13 @@ def verify(
         each block's forwards split over ``model`` as :func:`jaxspec.generate` splits them
         (:mod:`jaxspec.nn.sharding`).
       progress: tqdm progress bars on stderr.
+      prompt_bucket: pad the prompt as :func:`jaxspec.generate` does with this
+        ``prompt_bucket`` and test that program. ``None`` (default): the program of the
+        prompt's own width, what ``generate(..., prompt_bucket=None)`` runs. ``generate``'s
+        default (:data:`jaxspec.decode.generate.PROMPT_BUCKET`) runs a program padded to 32
+        columns, whose tokens are these token for token (``tests/test_prompt_bucket.py``);
+        pass it here to test that program itself, at a higher cost per sample (a short
+        prompt's prefill and cache grow to the bucket).
 
     Raises:
       ValueError: bad input (named), or a law with more than :data:`MAX_CELLS` cells.
@@ -388,6 +397,7 @@ def verify(
         target, draft = default_pair(0)
     v = target.config.vocab_size
     horizon = _check_count("horizon", horizon)
+    prompt_bucket = gen.check_prompt_bucket(prompt_bucket)
     num_samples = _check_count("num_samples", num_samples)
     seed = _check_count("seed", seed, minimum=0)
     stats.check_alpha(alpha, "alpha")
@@ -401,7 +411,7 @@ def verify(
             rule = "token"  # a mutant runs with the rule it breaks (the others replace the acceptance step)
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-                   draft_temperature, draft_top_k, draft_top_p, rule, parts)
+                   draft_temperature, draft_top_k, draft_top_p, rule, parts, prompt_bucket)
     if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
         raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
                          "pass a top_k so that top_k**horizon cells are countable")
@@ -542,6 +552,7 @@ def verify(
         "vocab_size": v,
         "num_samples": num_samples,
         "chunk_size": chunk,
+        "prompt_bucket": prompt_bucket,
         "devices": len(devices),
         "mesh": sharding.mesh_shape(mesh) if mesh is not None else {"data": len(devices), "model": 1},
         "platform": devices[0].platform,

@@ -76,7 +76,7 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
              vocab: int, width: int):
     """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
     mesh) -> psum-ed integer counts. The prompt is right-padded with 0 to ``width``
-    columns, as :func:`jaxspec.generate` pads it to its prompt bucket."""
+    columns, as :func:`jaxspec.generate` pads it to a prompt bucket."""
     mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
     padded = np.zeros((width,), np.int32)
