@@ -140,7 +140,8 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
             jax.block_until_ready(gen.generate(k, target, draft, p, **{**kw, "temperature": 0.5 * i}))
             jax.block_until_ready(gen.generate_autoregressive(k, target, p, **ar_kw, stop_tokens=[i]))
             t, l = gen.prepare_prompts(p, V)
-            gen.run_compiled(cfg, tstate, dstate, k, t, l, 1.0, 1.0)
+            bucketed, t = gen.bucket_config(cfg, t, (target, draft), gen.PROMPT_BUCKET)  # as generate pads them
+            gen.run_compiled(bucketed, tstate, dstate, k, t, l, 1.0, 1.0)
     assert len(calls) == 1, f"the round body was traced {len(calls)} times"
     # public entry points: nothing traced after the warm-up (the hooked config: once)
     assert len(counter.events) == 1, counter.events
