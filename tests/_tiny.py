@@ -95,3 +95,21 @@ def tiny_head(target, seed: int = 0):
     from jaxspec.nn.head import head_config, init_head
 
     return init_head(head_config(target.config), jax.random.key(seed + 2000))
+
+
+#: the drafters the generation tests run a case with (:func:`tiny_drafter`)
+DRAFTERS = ("model", "head", "ngram")
+
+
+def tiny_drafter(kind: str, target, draft):
+    """The draft of kind ``kind`` in :data:`DRAFTERS` for ``target``: ``draft`` itself (a
+    draft model), a tiny feature head of the target, or an n-gram draft."""
+    from jaxspec.decode.ngram import NgramDraft
+
+    return {"model": lambda: draft, "head": lambda: tiny_head(target), "ngram": lambda: NgramDraft(max_ngram=2)}[kind]()
+
+
+def assert_same_results(a, b):
+    """Two GenerateResults equal field by field (the field's name in the message)."""
+    for name in type(a)._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name)

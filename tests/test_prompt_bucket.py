@@ -6,10 +6,9 @@ program."""
 import jax
 import numpy as np
 import pytest
-from _tiny import tiny_head, tiny_pair
+from _tiny import DRAFTERS, assert_same_results, tiny_drafter, tiny_pair
 
 from jaxspec.decode import generate as gen
-from jaxspec.decode.ngram import NgramDraft
 
 V = 8
 PROMPTS = [[3, 1, 4, 1, 5], [2], [6, 5, 3, 5, 0, 7, 2]]
@@ -100,15 +99,13 @@ def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("drafter", ["model", "head", "ngram"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
 def test_bucketed_tokens_are_the_unpadded_tokens(pair, temperature, drafter):
     target, draft = pair
-    draft = {"model": draft, "head": tiny_head(target), "ngram": NgramDraft(max_ngram=2)}[drafter]
+    draft = tiny_drafter(drafter, target, draft)
     kw = dict(max_new_tokens=12, tree="chain:3", temperature=temperature, stop_tokens=(0,))
     outs = [gen.generate(jax.random.key(7), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
-    for name in gen.GenerateResult._fields:
-        np.testing.assert_array_equal(np.asarray(getattr(outs[0], name)), np.asarray(getattr(outs[1], name)),
-                                      err_msg=name)
+    assert_same_results(*outs)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -7,11 +7,10 @@ the programs can also be stored in JAX's persistent compilation cache)."""
 import jax
 import numpy as np
 import pytest
-from _tiny import tiny_head, tiny_pair
+from _tiny import DRAFTERS, assert_same_results, tiny_drafter, tiny_pair
 from flax import nnx
 
 from jaxspec.decode import generate as gen
-from jaxspec.decode.ngram import NgramDraft
 
 V = 8
 PROMPTS = [[3, 1, 4, 1, 5], [2], [6, 5, 3, 5, 0, 7, 2]]
@@ -34,9 +33,7 @@ class Recorder:
 
 
 def _check_stream(plain, streamed, rec: Recorder):
-    for name in gen.GenerateResult._fields:
-        np.testing.assert_array_equal(np.asarray(getattr(plain, name)), np.asarray(getattr(streamed, name)),
-                                      err_msg=name)
+    assert_same_results(plain, streamed)
     tokens, lengths = np.asarray(plain.tokens), np.asarray(plain.lengths)
     assert len(rec.calls) == plain.summary()["loop_rounds"]  # one call a round, the last when every row ended
     previous = np.zeros_like(lengths)
@@ -50,10 +47,10 @@ def _check_stream(plain, streamed, rec: Recorder):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("drafter", ["model", "head", "ngram"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
 def test_streamed_generation_is_the_loop(pair, drafter, temperature):
     target, draft = pair
-    draft = {"model": draft, "head": tiny_head(target), "ngram": NgramDraft(max_ngram=2)}[drafter]
+    draft = tiny_drafter(drafter, target, draft)
     kw = dict(max_new_tokens=12, tree="chain:3", temperature=temperature, stop_tokens=(0,))
     plain = gen.generate(jax.random.key(11), target, draft, PROMPTS, **kw)
     rec = Recorder()
