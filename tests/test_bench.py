@@ -380,19 +380,25 @@ def test_compile_generate_tiny(tmp_path):
 
 
 def test_compile_process_rows_second_processes_load_the_first_ones_programs():
-    """The command line's first and second processes over one fresh cache (target-only, 4
-    tokens): the second on the same prompt and the one on a prompt of another length in the
-    bucket store nothing new, and the rows carry what the table prints."""
+    """The command line's first and second processes over one fresh cache per store
+    (target-only, 4 tokens): with either store, the second process on the same prompt and
+    the one on a prompt of another length in the bucket store nothing new; only the default
+    store keeps traced programs; the rows carry what the table prints."""
     from jaxspec.bench import compile_time
 
+    on, off = compile_time.STORES
     rows = compile_time.process_rows(4, modes=("target-only",))
-    assert [r["run"] for r in rows] == ["first process", "second process",
-                                        "second process, a prompt of another length"]
-    assert rows[0]["cache_entries"] > 0
-    assert [r["cache_entries"] for r in rows[1:]] == [rows[0]["cache_entries"]] * 2
+    assert [(r["run"], r["store"]) for r in rows] == [
+        ("first process", on), ("first process", off), ("second process", on), ("second process", off),
+        ("second process, a prompt of another length", on)]
+    for store in (on, off):
+        entries = [r["cache_entries"] for r in rows if r["store"] == store]
+        assert entries[0] > 0 and entries == [entries[0]] * len(entries), (store, entries)
     assert all(_positive(r["seconds_with_compile"]) and _positive(r["process_s"]) for r in rows)
+    summary = compile_time.process_summary(rows)
+    assert [s["processes"] for s in summary] == [1] * 5
     table = compile_time.table({"rows": [], "process_rows": rows})
-    assert "second process, a prompt of another length" in table
+    assert "second process, a prompt of another length" in table and off in table
 
 
 def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):

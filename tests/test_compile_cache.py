@@ -21,11 +21,14 @@ def _env(**extra) -> dict:
     return dict(env, JAX_PLATFORMS="cpu", **extra)
 
 
-def _run(env_cache, *extra):
-    env = _env(JAXSPEC_COMPILATION_CACHE=str(env_cache))
+def _run(env_cache, *extra, log=None, **env_extra):
+    """``jaxspec generate`` in a new process; with ``log`` (a list), its stderr is appended."""
+    env = _env(JAXSPEC_COMPILATION_CACHE=str(env_cache), **env_extra)
     r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *ARGS, *extra], capture_output=True, text=True,
                        env=env, timeout=600)
     assert r.returncode == 0, r.stderr
+    if log is not None:
+        log.append(r.stderr)
     return json.loads(r.stdout)
 
 
@@ -34,12 +37,18 @@ def _entries(folder):
 
 
 def test_second_run_reuses_every_compiled_program(tmp_path):
+    """...and every traced program: the second process traces no generation loop
+    (JAX_LOG_COMPILES logs each trace by the function's name)."""
     cache = tmp_path / "xla"
-    first = _run(cache)
+    logs = []
+    first = _run(cache, log=logs, JAX_LOG_COMPILES="1")
     stored = _entries(cache)
     assert stored, "the first run stored nothing"
-    second = _run(cache)
+    assert _entries(cache / "programs"), "the first run stored no traced program"
+    assert "Finished tracing speculative_program" in logs[0]
+    second = _run(cache, log=logs, JAX_LOG_COMPILES="1")
     assert _entries(cache) == stored, "the second run compiled a program the first had stored"
+    assert "Finished tracing speculative_program" not in logs[1], "the second run traced the loop again"
     assert second["tokens"] == first["tokens"]  # same seed, same program: same tokens
     print(f"seconds_with_compile: first {first['seconds_with_compile']:.2f}, second "
           f"{second['seconds_with_compile']:.2f}; {len(stored)} entries")
@@ -69,6 +78,8 @@ def test_streamed_runs_and_other_prompt_lengths_reuse_the_programs(tmp_path, mod
     compiles = runs[1].stderr.count("Finished XLA compilation of")
     hits = runs[1].stderr.count("Persistent compilation cache hit for")
     assert compiles > 0 and hits == compiles, (compiles, hits, runs[1].stderr[-3000:])
+    assert "Finished tracing stream_step" not in runs[1].stderr  # the programs' traces are stored too
+    assert "Finished tracing speculative_program" not in runs[1].stderr
     if mode != "other-prompt-length":
         assert runs[1].stdout == runs[0].stdout  # same seed, same program: same text
 
@@ -85,6 +96,14 @@ def test_off_switches_store_nothing(tmp_path, how):
         assert r.returncode == 0, r.stderr
         assert _entries(tmp_path / "home-cache") == []
     assert _entries(cache) == []
+
+
+def test_the_program_store_has_its_own_off_switch(tmp_path):
+    """$JAXSPEC_PROGRAM_STORE=off: the compiled executables are stored, the traced
+    programs are not."""
+    cache = tmp_path / "xla"
+    _run(cache, JAXSPEC_PROGRAM_STORE="off")
+    assert _entries(cache) and not (cache / "programs").exists()
 
 
 def test_default_folder_is_under_the_jaxspec_cache(monkeypatch, tmp_path):

@@ -15,17 +15,21 @@ For the acceptance rule the ahead-of-time stages are also timed separately:
 ``.compile()`` (``backend_compile_s``: XLA).
 
 Then, with ``processes`` (full and quick), the command line's persistent compilation
-cache: ``jaxspec generate --json`` (speculative, and ``--baseline``) in three processes
-sharing a fresh cache folder: the first (the cache empty), a second on the same prompt,
-and a third on a prompt of another length in the same 32-token bucket. Each records the
+cache: ``jaxspec generate --json`` (speculative, and ``--baseline``) in processes sharing a
+fresh cache folder, once with the command line's default cache (JAX's executables and
+jaxspec's traced programs, :mod:`jaxspec.decode.program_store`) and once with the
+executables only (``$JAXSPEC_PROGRAM_STORE=off``): the first process of each (the cache
+empty), then ``process_turns`` second processes on the same prompt, the two caches taking
+turns, and one on a prompt of another length in the same 32-token bucket. Each records the
 first call's ``seconds_with_compile`` (compile or load, then one generation), the timed
 call's ``seconds``, the whole process's wall time (imports and model loading included)
-and the entries the cache holds after it. Text mode (streaming) runs a first and a second
-process the same way (wall time and entries only: it prints no JSON).
+and the entries the cache holds after it. Text mode (streaming) runs first and second
+processes the same way (wall time and entries only: it prints no JSON).
 
 JSON (``compile_time.json``): ``rows`` of ``{name, kind, first_call_s, steady_call_s,
 compile_s}`` (+ ``lower_s``, ``backend_compile_s`` where timed); ``process_rows`` of
-``{name, mode, run, prompt, seconds_with_compile, seconds, process_s, cache_entries}``.
+``{name, mode, store, run, prompt, seconds_with_compile, seconds, process_s, cache_entries}``
+and their medians per (mode, store, run) in ``process_summary``.
 Plot: horizontal bars of compile and steady time per entry point.
 
     report = run("tiny")
@@ -50,7 +54,8 @@ import jax
 import jaxspec
 from jaxspec.bench import common
 
-__all__ = ["NAME", "CompileBenchConfig", "CONFIGS", "run", "plot", "headline", "table"]
+__all__ = ["NAME", "STORES", "CompileBenchConfig", "CONFIGS", "run", "plot", "headline", "table", "process_rows",
+           "process_summary"]
 
 NAME = "compile_time"
 
@@ -66,11 +71,12 @@ class CompileBenchConfig:
     models: str = "default"
     accept_case: tuple[int, int, int] = (8, 32, 4096)  # N, V, batch
     processes: bool = False  # time the command line's first and second processes
+    process_turns: int = 1  # second processes of each store, taking turns
 
 
 CONFIGS = {
     "full": CompileBenchConfig(trees=("chain:4", "branch:3,2,1", "dynamic:depth=4,topk=4,nodes=16"),
-                               max_new_tokens=128, repeats=5, processes=True),
+                               max_new_tokens=128, repeats=5, processes=True, process_turns=3),
     "quick": CompileBenchConfig(trees=("chain:4", "branch:2,2", "dynamic:depth=3,topk=2,nodes=6"),
                                 max_new_tokens=32, repeats=3, processes=True),
     "tiny": CompileBenchConfig(trees=(), max_new_tokens=8, repeats=1, models="tiny", accept_case=(8, 32, 256)),
@@ -147,7 +153,8 @@ def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dic
         "rows": rows,
     }
     if cfg.processes:
-        report["process_rows"] = process_rows(m)
+        report["process_rows"] = process_rows(m, turns=cfg.process_turns)
+        report["process_summary"] = process_summary(report["process_rows"])
     report["headline"] = headline(report)
     return report
 
@@ -161,41 +168,69 @@ def _cache_entries(folder: pathlib.Path) -> int:
 
 
 PROCESS_MODES = ("speculative", "target-only", "text")
+#: the two caches a process row runs with: JAX's executables and jaxspec's traced programs
+#: (the command line's default), or the executables only ($JAXSPEC_PROGRAM_STORE=off)
+STORES = ("executables and programs", "executables only")
 
 
 def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS,
-                 modes: tuple[str, ...] = PROCESS_MODES) -> list[dict]:
+                 modes: tuple[str, ...] = PROCESS_MODES, turns: int = 1) -> list[dict]:
     """The first and second processes of ``jaxspec generate`` over one fresh persistent
-    compilation cache per mode (module docstring). The environment is this process's less
-    any JAX cache settings of its own, so the command line's own cache is what is timed."""
+    compilation cache per mode and store (module docstring): per mode, the first process of
+    each store, then ``turns`` second processes of each taking turns, then (not in text
+    mode) one on a prompt of another length with the default store. The environment is
+    this process's less any JAX cache settings of its own, so the command line's own cache
+    is what is timed."""
     rows = []
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    runs = (("first process", prompts[0]), ("second process", prompts[0]),
-            ("second process, a prompt of another length", prompts[1]))
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                        "JAXSPEC_PROGRAM_STORE")}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
             extra = ["--baseline"] if mode == "target-only" else []
-            folder = pathlib.Path(tmp) / mode
-            for run, prompt in runs[:2] if mode == "text" else runs:
+            plan = [("first process", prompts[0], st) for st in STORES]
+            plan += [("second process", prompts[0], st) for _ in range(turns) for st in STORES]
+            if mode != "text":
+                plan.append(("second process, a prompt of another length", prompts[1], STORES[0]))
+            for run, prompt, store in plan:
+                folder = pathlib.Path(tmp) / mode / str(STORES.index(store))
                 argv = [sys.executable, "-m", "jaxspec.cli", "generate", "--prompt", prompt,
                         "--max-new-tokens", str(max_new_tokens), *extra] + ([] if mode == "text" else ["--json"])
+                store_env = {} if store == STORES[0] else {"JAXSPEC_PROGRAM_STORE": "off"}
                 t0 = time.perf_counter()
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                                   env=dict(env, JAXSPEC_COMPILATION_CACHE=str(folder)))
+                                   env=dict(env, JAXSPEC_COMPILATION_CACHE=str(folder), **store_env))
                 wall = time.perf_counter() - t0
                 if r.returncode != 0:
                     raise RuntimeError(f"{' '.join(argv[2:])} failed:\n{r.stderr[-2000:]}")
                 out = {} if mode == "text" else json.loads(r.stdout)
-                row = {"name": f"jaxspec generate ({mode}): {run}", "mode": mode, "run": run, "prompt": prompt,
-                       "seconds_with_compile": out.get("seconds_with_compile"), "seconds": out.get("seconds"),
-                       "process_s": wall, "cache_entries": _cache_entries(folder)}
+                row = {"name": f"jaxspec generate ({mode}, {store}): {run}", "mode": mode, "store": store,
+                       "run": run, "prompt": prompt, "seconds_with_compile": out.get("seconds_with_compile"),
+                       "seconds": out.get("seconds"), "process_s": wall, "cache_entries": _cache_entries(folder)}
                 rows.append(row)
                 first = "" if row["seconds_with_compile"] is None else \
                     f"first call {row['seconds_with_compile']:6.2f} s, "
-                common.log(f"compile: {row['name']:70s} {first}process {wall:6.2f} s, "
+                common.log(f"compile: {row['name']:90s} {first}process {wall:6.2f} s, "
                            f"{row['cache_entries']} cache entries")
     return rows
+
+
+def process_summary(rows: list[dict]) -> list[dict]:
+    """Per mode, store and run: the median first call (``seconds_with_compile``), steady
+    call and process time over the processes of that kind (several second processes take
+    turns), and how many there were."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["mode"], r.get("store", STORES[0]), r["run"]), []).append(r)
+
+    def med(rs, k):
+        vals = [r[k] for r in rs if r[k] is not None]
+        return statistics.median(vals) if vals else None
+
+    return [{"mode": mode, "store": store, "run": run, "processes": len(rs),
+             "seconds_with_compile": med(rs, "seconds_with_compile"), "seconds": med(rs, "seconds"),
+             "process_s": med(rs, "process_s"), "cache_entries": rs[-1]["cache_entries"]}
+            for (mode, store, run), rs in groups.items()]
 
 
 def _accept_row(n: int, v: int, batch: int, repeats: int) -> dict:
@@ -227,10 +262,15 @@ def headline(report: dict) -> dict:
            "accept_compile_s": next(r["compile_s"] for r in report["rows"] if r["kind"] == "accept")}
     if "generate chain:4" in by:
         out["generate_compile_s"] = by["generate chain:4"]["compile_s"]
-    procs = {(r["mode"], r["run"]): r for r in report.get("process_rows", ())}
+    procs = {(r["mode"], r.get("store", STORES[0]), r["run"]): r
+             for r in report.get("process_summary") or report.get("process_rows", ())}
     if procs:
-        out["second_process_first_call_s"] = procs[("speculative", "second process")]["seconds_with_compile"]
-        out["first_process_first_call_s"] = procs[("speculative", "first process")]["seconds_with_compile"]
+        first = procs[("speculative", STORES[0], "first process")]["seconds_with_compile"]
+        second = procs[("speculative", STORES[0], "second process")]["seconds_with_compile"]
+        out["first_process_first_call_s"], out["second_process_first_call_s"] = first, second
+        off = procs.get(("speculative", STORES[1], "second process"))
+        if off is not None:
+            out["second_process_first_call_executables_only_s"] = off["seconds_with_compile"]
     return out
 
 
@@ -241,12 +281,15 @@ def table(report: dict) -> str:
         extra = (f" (lower {r['lower_s']:.2f} s + XLA {r['backend_compile_s']:.2f} s)" if "lower_s" in r else "")
         lines.append(f"| {r['name']} | {r['first_call_s']:.2f} s | {r['steady_call_s'] * 1e3:.1f} ms | "
                      f"{r['compile_s']:.2f} s{extra} |")
-    if report.get("process_rows"):
-        lines += ["", "| `jaxspec generate` | run | first call (`seconds_with_compile`) | process | cache entries |",
-                  "|---|---|---|---|---|"]
-        for r in report["process_rows"]:
+    summary = report.get("process_summary") or (process_summary(report["process_rows"])
+                                                 if report.get("process_rows") else None)
+    if summary:
+        lines += ["", "| `jaxspec generate` | cache | run | processes | first call (`seconds_with_compile`, "
+                      "median) | process (median) | cache entries |", "|---|---|---|---|---|---|---|"]
+        for r in summary:
             first = "—" if r["seconds_with_compile"] is None else f"{r['seconds_with_compile']:.2f} s"
-            lines.append(f"| {r['mode']} | {r['run']} | {first} | {r['process_s']:.1f} s | {r['cache_entries']} |")
+            lines.append(f"| {r['mode']} | {r['store']} | {r['run']} | {r['processes']} | {first} | "
+                         f"{r['process_s']:.1f} s | {r['cache_entries']} |")
     return "\n".join(lines)
 
 

@@ -1,6 +1,8 @@
 """JAX's persistent compilation cache for the command line: a second ``jaxspec generate``
 or ``jaxspec verify`` with the same configuration loads its compiled programs from disk
-instead of compiling them again.
+instead of compiling them again, and its traced programs (``programs/``,
+:mod:`jaxspec.decode.program_store`; ``$JAXSPEC_PROGRAM_STORE=off`` keeps the executables
+only) instead of tracing and lowering them again.
 
 Where: ``$JAXSPEC_COMPILATION_CACHE`` if set (a folder, or ``off`` to disable), else
 ``compilation/`` under the jaxspec cache folder (``$JAXSPEC_CACHE_DIR``, default
@@ -14,15 +16,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ENV", "compilation_cache_dir", "enable_compilation_cache"]
+__all__ = ["ENV", "PROGRAMS", "STORE_ENV", "compilation_cache_dir", "enable_compilation_cache",
+           "program_store_wanted"]
 
 ENV = "JAXSPEC_COMPILATION_CACHE"
+STORE_ENV = "JAXSPEC_PROGRAM_STORE"  # "off": the executables only, every process traces and lowers
+PROGRAMS = "programs"  # the subfolder of traced programs (jaxspec.decode.program_store)
+
+
+def _off(value: str) -> bool:
+    return value.strip().lower() in ("off", "0", "false", "no", "none")
+
+
+def program_store_wanted() -> bool:
+    """False when ``$JAXSPEC_PROGRAM_STORE`` is ``off``: the compilation cache then keeps
+    the executables only."""
+    return not _off(os.environ.get(STORE_ENV, ""))
 
 
 def compilation_cache_dir() -> Path | None:
     """The folder the cache uses, or None when ``$JAXSPEC_COMPILATION_CACHE`` is ``off``."""
     env = os.environ.get(ENV, "").strip()
-    if env.lower() in ("off", "0", "false", "no", "none"):
+    if _off(env):
         return None
     if env:
         return Path(env).expanduser()
@@ -33,10 +48,14 @@ def compilation_cache_dir() -> Path | None:
 def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | None:
     """Point JAX's persistent compilation cache at ``folder`` (default
     :func:`compilation_cache_dir`) and cache every program, however quick to compile
-    (the speculative loop's pieces each compile fast; together they are seconds).
+    (the speculative loop's pieces each compile fast; together they are seconds), and
+    keep the traced programs of jaxspec's generation loops in its ``programs/`` subfolder
+    (:mod:`jaxspec.decode.program_store`; not when ``$JAXSPEC_PROGRAM_STORE`` is ``off``).
     Returns the folder, or None when disabled or when it cannot be created (the run then
     compiles as usual)."""
     import jax  # noqa: PLC0415 (the CLI imports jax only when a command runs)
+
+    from jaxspec.decode import program_store  # noqa: PLC0415 (imports jax)
 
     path = compilation_cache_dir() if folder is None else Path(folder)
     if path is None:
@@ -48,4 +67,7 @@ def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | 
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # the traced programs beside the executables: a second process then skips tracing and
+    # lowering too, not only XLA's compilation (jaxspec.decode.program_store)
+    program_store.use_folder(path / PROGRAMS if program_store_wanted() else None)
     return path

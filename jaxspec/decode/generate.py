@@ -58,6 +58,7 @@ from jaxspec.decode.round import (
 )
 from jaxspec.decode.head_draft import start_head
 from jaxspec.decode.ngram import NgramDraft, NgramState
+from jaxspec.decode.program_store import StoredFunction, static_text
 from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.head import FeatureHead, check_head_for
@@ -518,12 +519,32 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
 # --------------------------------------------------------------------------- compile cache
 
 
+def _library_function(f) -> bool:
+    return callable(f) and getattr(f, "__module__", "").startswith("jaxspec.") and "<" not in getattr(
+        f, "__qualname__", "<")
+
+
+def store_text(cfg: SpecConfig | ARConfig) -> str | None:
+    """The text that keys ``cfg``'s programs in the program store
+    (:mod:`jaxspec.decode.program_store`), or ``None`` where they are never stored: on a
+    mesh, or with round parts that are not the library's own functions (a caller's
+    function is known only by its name, which another process may give another function)."""
+    if cfg.mesh is not None:
+        return None
+    if isinstance(cfg, SpecConfig) and not all(
+            _library_function(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts)):
+        return None
+    return static_text(cfg)
+
+
 @functools.lru_cache(maxsize=64)
 def compiled(cfg: SpecConfig | ARConfig) -> Callable:
     """The jitted function of a static configuration (one trace per input shape), kept in
-    a module-level cache: equal configurations share one compilation."""
+    a module-level cache: equal configurations share one compilation. With the program
+    store in use (:func:`jaxspec.decode.program_store.use_folder`, as the command line
+    does), a new process loads the traced program instead of tracing it again."""
     impl = speculative_program if isinstance(cfg, SpecConfig) else autoregressive_program
-    return jax.jit(functools.partial(impl, cfg))
+    return StoredFunction(functools.partial(impl, cfg), impl.__name__, store_text(cfg))
 
 
 class StreamPrograms(NamedTuple):
@@ -576,7 +597,10 @@ def compiled_stream(cfg: SpecConfig | ARConfig) -> StreamPrograms:
             return lp, _view(lp.emitted)
 
         result = functools.partial(_ar_result, cfg)
-    return StreamPrograms(jax.jit(start), jax.jit(step, static_argnums=1, donate_argnums=3), jax.jit(result))
+    text = store_text(cfg)
+    return StreamPrograms(StoredFunction(start, "stream_start", text),
+                          StoredFunction(step, "stream_step", text, static_argnums=(1,), donate_argnums=(3,)),
+                          StoredFunction(result, "stream_result", text))
 
 
 def _view(em: Emitted):
