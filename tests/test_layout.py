@@ -542,7 +542,8 @@ CLI_SNAPSHOT = {
     ], []),
     "verify": ([
         "--alpha", "--chunk-size", "--draft", "--draft-temperature", "--draft-top-k", "--draft-top-p", "--help",
-        "--horizon", "--json", "--mesh", "--mutant", "--no-acceptance", "--no-compile-cache", "--no-progress", "--plots", "--prompt", "--rule", "--samples",
+        "--horizon", "--json", "--mesh", "--mutant", "--no-acceptance", "--no-compile-cache", "--no-progress", "--plots", "--prompt",
+        "--prompt-bucket", "--rule", "--samples",
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),
 }

@@ -19,7 +19,7 @@ def test_help_lists_the_flags(capsys):
     assert cli.main(["verify", "--help"]) == 0
     out = capsys.readouterr().out
     for flag in ("--tree", "--scheme", "--temperature", "--top-k", "--top-p", "--samples", "--horizon", "--seed",
-                 "--target", "--draft", "--json", "--plots", "--mutant", "--prompt", "--alpha"):
+                 "--target", "--draft", "--json", "--plots", "--mutant", "--prompt", "--alpha", "--prompt-bucket"):
         assert flag in out
     for name in MUTANTS:
         assert name in out
@@ -258,6 +258,28 @@ def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
     assert cli.main(["verify", "--no-progress", *argv]) == 2
     assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
     assert seen["scheme"] == scheme
+
+
+@pytest.mark.parametrize("argv, bucket", [([], None), (["--prompt-bucket", "32"], 32)])
+def test_prompt_bucket_reaches_the_harness(argv, bucket, capsys, monkeypatch):
+    """--prompt-bucket N: the harness tests the program padded as generate pads it; without
+    it, the program of the prompt's own width (the harness's default)."""
+    import jaxspec.exactness.harness
+
+    seen = {}
+
+    def capture(*a, **k):
+        seen.update(k)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(jaxspec.exactness.harness, "verify", capture)
+    assert cli.main(["verify", "--no-progress", *argv]) == 2
+    assert seen["prompt_bucket"] == bucket
+
+
+def test_prompt_bucket_is_checked(capsys):
+    assert cli.main(["verify", "--prompt-bucket", "0"]) == 2
+    assert "--prompt-bucket" in capsys.readouterr().err
 
 
 def test_default_chunk_keeps_blocks_to_seconds():

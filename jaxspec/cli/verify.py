@@ -8,6 +8,7 @@ the command line.
     jaxspec verify --mutant depth-row                 # watch the harness reject a bug
     jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
     jaxspec verify --samples 1e5 --json --plots plots/
+    jaxspec verify --prompt-bucket 32                 # the padded program jaxspec generate runs
 
 Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
 the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
@@ -154,6 +155,10 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                    help="comma-separated token ids, or text (tokenized as jaxspec generate does: with the "
                         "--target folder's tokenizer.json, else as UTF-8 bytes for a 264-token vocabulary) "
                         "(default: 1,2,3)")
+    g.add_argument("--prompt-bucket", type=positive_int, default=None, metavar="N",
+                   help="test the program jaxspec generate runs by default: the prompt padded to a multiple of N "
+                        "tokens (generate's default: 32); default: the prompt's own width (faster to sample; "
+                        "the same tokens, tests/test_prompt_bucket.py)")
     g = p.add_argument_group("statistics")
     g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
@@ -221,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
             draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
             alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
-            mesh=args.mesh,
+            mesh=args.mesh, prompt_bucket=args.prompt_bucket,
         )
     except ValueError as e:
         raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None
