@@ -234,6 +234,22 @@ def test_float32_range_is_accepted():
     assert args.temperature == 3.4e38 and args.draft_temperature == 0.0
 
 
+def _verify_arguments(argv, monkeypatch) -> dict:
+    """The keyword arguments ``jaxspec verify argv`` hands the harness (which is replaced by
+    one that records them and fails, so the command exits 2 without sampling)."""
+    import jaxspec.exactness.harness
+
+    seen = {}
+
+    def capture(*a, **k):
+        seen.update(k)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(jaxspec.exactness.harness, "verify", capture)
+    assert cli.main(["verify", "--no-progress", *argv]) == 2
+    return seen
+
+
 @pytest.mark.parametrize(
     "argv, scheme",
     [
@@ -246,16 +262,7 @@ def test_float32_range_is_accepted():
 def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
     """--scheme not given: deterministic for a dynamic tree (the only scheme it accepts),
     iid otherwise; given: passed through."""
-    import jaxspec.exactness.harness
-
-    seen = {}
-
-    def capture(*a, **k):
-        seen.update(k)
-        raise RuntimeError("captured")
-
-    monkeypatch.setattr(jaxspec.exactness.harness, "verify", capture)
-    assert cli.main(["verify", "--no-progress", *argv]) == 2
+    seen = _verify_arguments(argv, monkeypatch)
     assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
     assert seen["scheme"] == scheme
 
@@ -264,17 +271,7 @@ def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
 def test_prompt_bucket_reaches_the_harness(argv, bucket, capsys, monkeypatch):
     """--prompt-bucket N: the harness tests the program padded as generate pads it; without
     it, the program of the prompt's own width (the harness's default)."""
-    import jaxspec.exactness.harness
-
-    seen = {}
-
-    def capture(*a, **k):
-        seen.update(k)
-        raise RuntimeError("captured")
-
-    monkeypatch.setattr(jaxspec.exactness.harness, "verify", capture)
-    assert cli.main(["verify", "--no-progress", *argv]) == 2
-    assert seen["prompt_bucket"] == bucket
+    assert _verify_arguments(argv, monkeypatch)["prompt_bucket"] == bucket
 
 
 def test_prompt_bucket_is_checked(capsys):
