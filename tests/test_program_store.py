@@ -135,6 +135,23 @@ def test_a_stored_program_is_loaded_without_tracing_and_gives_the_same_results(s
     assert second.traces == 3 and len(_files(store)) == 4
 
 
+@pytest.mark.parametrize("stored", [False, True])
+def test_compiled_count_counts_one_program_per_signature(tmp_path, stored):
+    program_store.use_folder(tmp_path / "programs" if stored else None)
+    try:
+        # a new function object: jax.jit's cache is shared by every jit of one function
+        f = StoredFunction(Counted(toy), "toy", "v1", static_argnums=(2,))
+        assert f.compiled_count() == 0
+        f(*_toy_args())
+        f(*_toy_args())
+        assert f.compiled_count() == 1  # the same signature again: nothing new
+        f(*_toy_args(size=5))
+        f(*_toy_args(n=2.0))
+        assert f.compiled_count() == 3
+    finally:
+        program_store.use_folder(None)
+
+
 def test_donated_arguments_are_donated(store):
     f = StoredFunction(toy, "toy", "v1", static_argnums=(2,), donate_argnums=(3,))
     key, x, n, state = _toy_args()

@@ -59,14 +59,14 @@ def new_programs(monkeypatch):
 
     def watching(cfg):
         fn = real(cfg)
-        before.setdefault(id(fn), (fn, fn._cache_size()))  # the size before this call compiles
+        before.setdefault(id(fn), (fn, fn.compiled_count()))  # the size before this call compiles
         return fn
 
     monkeypatch.setattr(gen, "compiled", watching)
 
     class Count:
         def __call__(self):
-            return sum(fn._cache_size() - n for fn, n in before.values())
+            return sum(fn.compiled_count() - n for fn, n in before.values())
 
         @property
         def configs(self):

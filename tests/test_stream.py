@@ -91,7 +91,7 @@ def test_new_function_objects_compile_nothing(pair, monkeypatch):
     monkeypatch.setattr(gen, "compiled_stream", watching)
 
     def sizes():
-        return sum(f._cache_size() for p in handed.values() for f in (p.start, p.step, p.result))
+        return sum(f.compiled_count() for p in handed.values() for f in (p.start, p.step, p.result))
 
     kw = dict(max_new_tokens=7, tree="chain:2", stop_tokens=())
     gen.generate(jax.random.key(0), target, draft, [[1, 2]], on_round=lambda t, n: None, **kw)

@@ -157,6 +157,12 @@ class StoredFunction:
             raise AttributeError(attr)
         return getattr(self._jit, attr)
 
+    def compiled_count(self) -> int:
+        """How many programs this function has compiled in this process: one per input
+        signature of the plain ``jax.jit``, plus one per program loaded from (or put in)
+        the store. Tests count recompilation with it."""
+        return self._jit._cache_size() + sum(e.call._cache_size() for e in self._entries.values())
+
     def __call__(self, *args):
         where = folder()
         if where is None or self._static is None:
