@@ -401,6 +401,20 @@ def test_compile_process_rows_second_processes_load_the_first_ones_programs():
     assert "second process, a prompt of another length" in table and off in table
 
 
+def test_compile_process_rows_time_a_second_verify(monkeypatch):
+    """The ``verify`` mode: first and second ``jaxspec verify`` processes per store, whose
+    first call is the harness's first speculative block; the second stores nothing new."""
+    from jaxspec.bench import compile_time
+
+    monkeypatch.setattr(compile_time, "VERIFY_SAMPLES", 500)
+    on, off = compile_time.STORES
+    rows = compile_time.process_rows(4, modes=("verify",))
+    assert [(r["run"], r["store"]) for r in rows] == [
+        ("first process", on), ("first process", off), ("second process", on), ("second process", off)]
+    assert rows[0]["cache_entries"] == rows[2]["cache_entries"] > rows[1]["cache_entries"] == rows[3]["cache_entries"]
+    assert all(_positive(r["seconds_with_compile"]) and r["name"].startswith("jaxspec verify") for r in rows)
+
+
 def test_default_out_dir_keeps_quick_runs_apart(tmp_path, monkeypatch):
     """From the repository root a full run writes benchmarks/results, a quick or tiny one
     a subfolder of it (a quick run must never overwrite the published full run); elsewhere

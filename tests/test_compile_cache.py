@@ -84,6 +84,28 @@ def test_streamed_runs_and_other_prompt_lengths_reuse_the_programs(tmp_path, mod
         assert runs[1].stdout == runs[0].stdout  # same seed, same program: same text
 
 
+def test_a_second_verify_loads_its_block_programs(tmp_path):
+    """``jaxspec verify`` uses both stores too: the second process stores nothing new,
+    traces none of the harness's block programs, and reports the same counts."""
+    cache = tmp_path / "xla"
+    args = ["verify", "--samples", "2000", "--tree", "chain:2", "--horizon", "2", "--no-progress", "--json"]
+    env = _env(JAXSPEC_COMPILATION_CACHE=str(cache), JAX_LOG_COMPILES="1")
+    runs, stored = [], None
+    for _ in range(2):
+        runs.append(subprocess.run([sys.executable, "-m", "jaxspec.cli", *args], capture_output=True, text=True,
+                                   env=env, timeout=600))
+        assert runs[-1].returncode == 0, runs[-1].stderr[-3000:]
+        stored = stored or _entries(cache)
+    assert len(_entries(cache / "programs")) == 3  # the speculative, target-only and first-round blocks
+    assert _entries(cache) == stored, "the second run compiled a program the first had stored"
+    for kind in ("spec", "ar", "first"):
+        assert f"Finished tracing verify_{kind}_block" in runs[0].stderr
+        assert f"Finished tracing verify_{kind}_block" not in runs[1].stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    first.pop("timings"), second.pop("timings")
+    assert first == second
+
+
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_off_switches_store_nothing(tmp_path, how):
     cache = tmp_path / "xla"

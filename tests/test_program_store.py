@@ -241,3 +241,25 @@ def test_target_only_and_streaming_through_the_store(pair, store, monkeypatch):
         np.testing.assert_array_equal(rounds[-1], np.asarray(plain.lengths))
     assert [c.traces for c in traced] == [0, 0, 0]
     assert len(_files(store)) == 4  # the target-only loop; the stream's start, step and result
+
+
+def test_verify_through_the_store_counts_the_same(pair, store, monkeypatch):
+    """The harness's block programs (jaxspec.exactness.sample_counts) are stored too: a
+    run that loads them traces no generation loop and counts the same samples."""
+    from jaxspec.exactness import verify  # noqa: PLC0415
+
+    target, draft = pair
+    kw = dict(tree="chain:2", horizon=2, num_samples=3000, seed=5, progress=False)
+    program_store.use_folder(None)
+    plain = verify(target, draft, **kw)
+    program_store.use_folder(store)
+    stored = verify(target, draft, **kw)
+    assert len(_files(store)) == 3  # speculative, target-only and first-round blocks
+    # new program functions, as in a new process: their block programs come from the folder
+    traced = [_counted(monkeypatch, n) for n in ("speculative_program", "autoregressive_program")]
+    loaded = verify(target, draft, **kw)
+    assert [c.traces for c in traced] == [0, 0] and len(_files(store)) == 3
+    for report in (stored, loaded):
+        for field in ("spec_counts", "ar_counts", "spec_marginals", "ar_marginals", "acceptance_observed"):
+            np.testing.assert_array_equal(getattr(report, field), getattr(plain, field), err_msg=field)
+        assert report.verdict == plain.verdict and report.tokens_per_round == plain.tokens_per_round

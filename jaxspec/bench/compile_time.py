@@ -24,7 +24,10 @@ turns, and one on a prompt of another length in the same 32-token bucket. Each r
 first call's ``seconds_with_compile`` (compile or load, then one generation), the timed
 call's ``seconds``, the whole process's wall time (imports and model loading included)
 and the entries the cache holds after it. Text mode (streaming) runs first and second
-processes the same way (wall time and entries only: it prints no JSON).
+processes the same way (wall time and entries only: it prints no JSON). ``jaxspec verify
+--json`` (``VERIFY_SAMPLES`` samples) does too; its ``seconds_with_compile`` is the
+speculative run's first block (``timings.speculative.compile_s``: compile or load the
+harness's block program, then sample one block).
 
 JSON (``compile_time.json``): ``rows`` of ``{name, kind, first_call_s, steady_call_s,
 compile_s}`` (+ ``lower_s``, ``backend_compile_s`` where timed); ``process_rows`` of
@@ -167,7 +170,8 @@ def _cache_entries(folder: pathlib.Path) -> int:
     return sum(1 for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
 
-PROCESS_MODES = ("speculative", "target-only", "text")
+PROCESS_MODES = ("speculative", "target-only", "text", "verify")
+VERIFY_SAMPLES = 10_000  # enough for one block of the harness; the process times its programs
 #: the two caches a process row runs with: JAX's executables and jaxspec's traced programs
 #: (the command line's default), or the executables only ($JAXSPEC_PROGRAM_STORE=off)
 STORES = ("executables and programs", "executables only")
@@ -190,12 +194,14 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
             extra = ["--baseline"] if mode == "target-only" else []
             plan = [("first process", prompts[0], st) for st in STORES]
             plan += [("second process", prompts[0], st) for _ in range(turns) for st in STORES]
-            if mode != "text":
+            if mode not in ("text", "verify"):
                 plan.append(("second process, a prompt of another length", prompts[1], STORES[0]))
             for run, prompt, store in plan:
                 folder = pathlib.Path(tmp) / mode / str(STORES.index(store))
                 argv = [sys.executable, "-m", "jaxspec.cli", "generate", "--prompt", prompt,
                         "--max-new-tokens", str(max_new_tokens), *extra] + ([] if mode == "text" else ["--json"])
+                if mode == "verify":
+                    argv = [*argv[:3], "verify", "--samples", str(VERIFY_SAMPLES), "--no-progress", "--json"]
                 store_env = {} if store == STORES[0] else {"JAXSPEC_PROGRAM_STORE": "off"}
                 t0 = time.perf_counter()
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
@@ -204,7 +210,11 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
                 if r.returncode != 0:
                     raise RuntimeError(f"{' '.join(argv[2:])} failed:\n{r.stderr[-2000:]}")
                 out = {} if mode == "text" else json.loads(r.stdout)
-                row = {"name": f"jaxspec generate ({mode}, {store}): {run}", "mode": mode, "store": store,
+                if mode == "verify":
+                    out = {"seconds_with_compile": out["timings"]["speculative"]["compile_s"]}
+                    prompt = None  # the harness's own prompt
+                command = "verify" if mode == "verify" else "generate"
+                row = {"name": f"jaxspec {command} ({mode}, {store}): {run}", "mode": mode, "store": store,
                        "run": run, "prompt": prompt, "seconds_with_compile": out.get("seconds_with_compile"),
                        "seconds": out.get("seconds"), "process_s": wall, "cache_entries": _cache_entries(folder)}
                 rows.append(row)
@@ -284,7 +294,7 @@ def table(report: dict) -> str:
     summary = report.get("process_summary") or (process_summary(report["process_rows"])
                                                  if report.get("process_rows") else None)
     if summary:
-        lines += ["", "| `jaxspec generate` | cache | run | processes | first call (`seconds_with_compile`, "
+        lines += ["", "| `jaxspec` command (mode) | cache | run | processes | first call (`seconds_with_compile`, "
                       "median) | process (median) | cache entries |", "|---|---|---|---|---|---|---|"]
         for r in summary:
             first = "—" if r["seconds_with_compile"] is None else f"{r['seconds_with_compile']:.2f} s"

@@ -49,7 +49,8 @@ def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | 
     """Point JAX's persistent compilation cache at ``folder`` (default
     :func:`compilation_cache_dir`) and cache every program, however quick to compile
     (the speculative loop's pieces each compile fast; together they are seconds), and
-    keep the traced programs of jaxspec's generation loops in its ``programs/`` subfolder
+    keep the traced programs of jaxspec's generation loops and of the exactness harness's
+    blocks in its ``programs/`` subfolder
     (:mod:`jaxspec.decode.program_store`; not when ``$JAXSPEC_PROGRAM_STORE`` is ``off``).
     Returns the folder, or None when disabled or when it cannot be created (the run then
     compiles as usual)."""

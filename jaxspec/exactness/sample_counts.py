@@ -31,6 +31,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxspec.decode.generate import store_text
+from jaxspec.decode.program_store import StoredFunction, static_text
 from jaxspec.nn.sharding import put
 
 __all__ = ["count_samples", "lookup_cells"]
@@ -77,6 +79,7 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
     """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
     mesh) -> psum-ed integer counts. The prompt is right-padded with 0 to ``width``
     columns, as :func:`jaxspec.generate` pads it to a prompt bucket."""
+    text = _store_text(kind, cfg, impl, devices, mesh, chunk, prompt, horizon, vocab, width)
     mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
     padded = np.zeros((width,), np.int32)
@@ -109,7 +112,22 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
 
     f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(), P()), out_specs=P(),
                       axis_names={axis}, check_vma=False)
-    return jax.jit(f), mesh, axis
+    return StoredFunction(f, f"verify_{kind}_block", text), mesh, axis
+
+
+def _store_text(kind, cfg, impl, devices: tuple, mesh: Mesh | None, *sizes) -> str | None:
+    """The program store's key text for one block's program (the command line's second
+    ``jaxspec verify`` then loads it instead of tracing it), or ``None`` where it is never
+    stored: several devices or a mesh (the exported program would carry their layout),
+    round parts that are not the library's (:func:`jaxspec.decode.generate.store_text`),
+    or a program function that is not jaxspec's own."""
+    if mesh is not None or len(devices) != 1:
+        return None
+    cfg_text = store_text(cfg)
+    module, name = getattr(impl, "__module__", "") or "", getattr(impl, "__qualname__", "<")
+    if cfg_text is None or not module.startswith("jaxspec.") or "<" in name:
+        return None
+    return static_text((kind, f"{module}.{name}", cfg_text, *sizes))
 
 
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
