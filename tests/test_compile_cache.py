@@ -90,12 +90,16 @@ def test_a_second_verify_loads_its_block_programs(tmp_path):
     cache = tmp_path / "xla"
     args = ["verify", "--samples", "2000", "--tree", "chain:2", "--horizon", "2", "--no-progress", "--json"]
     env = _env(JAXSPEC_COMPILATION_CACHE=str(cache), JAX_LOG_COMPILES="1")
-    runs, stored = [], None
-    for _ in range(2):
-        runs.append(subprocess.run([sys.executable, "-m", "jaxspec.cli", *args], capture_output=True, text=True,
-                                   env=env, timeout=600))
-        assert runs[-1].returncode == 0, runs[-1].stderr[-3000:]
-        stored = stored or _entries(cache)
+
+    def run():
+        r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *args], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    runs = [run()]
+    stored = _entries(cache)
+    runs.append(run())
     assert len(_entries(cache / "programs")) == 3  # the speculative, target-only and first-round blocks
     assert _entries(cache) == stored, "the second run compiled a program the first had stored"
     for kind in ("spec", "ar", "first"):

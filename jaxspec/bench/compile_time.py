@@ -177,12 +177,32 @@ VERIFY_SAMPLES = 10_000  # enough for one block of the harness; the process time
 STORES = ("executables and programs", "executables only")
 
 
+def _command(mode: str, prompt: str | None, max_new_tokens: int) -> list[str]:
+    """The ``jaxspec`` command line a process row of ``mode`` runs."""
+    if mode == "verify":
+        return ["verify", "--samples", str(VERIFY_SAMPLES), "--no-progress", "--json"]
+    extra = ["--baseline"] if mode == "target-only" else []
+    return ["generate", "--prompt", prompt, "--max-new-tokens", str(max_new_tokens), *extra] + (
+        [] if mode == "text" else ["--json"])
+
+
+def _timings(mode: str, stdout: str) -> dict:
+    """``seconds_with_compile`` and ``seconds`` from a process's JSON (none in text mode;
+    for ``verify``, its first speculative block)."""
+    if mode == "text":
+        return {}
+    out = json.loads(stdout)
+    if mode == "verify":
+        return {"seconds_with_compile": out["timings"]["speculative"]["compile_s"]}
+    return out
+
+
 def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS,
                  modes: tuple[str, ...] = PROCESS_MODES, turns: int = 1) -> list[dict]:
-    """The first and second processes of ``jaxspec generate`` over one fresh persistent
-    compilation cache per mode and store (module docstring): per mode, the first process of
-    each store, then ``turns`` second processes of each taking turns, then (not in text
-    mode) one on a prompt of another length with the default store. The environment is
+    """The first and second processes of ``jaxspec generate`` (or ``verify``) over one fresh
+    persistent compilation cache per mode and store (module docstring): per mode, the first
+    process of each store, then ``turns`` second processes of each taking turns, then (not
+    in text or verify mode) one on a prompt of another length with the default store. The environment is
     this process's less any JAX cache settings of its own, so the command line's own cache
     is what is timed."""
     rows = []
@@ -191,17 +211,15 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
                         "JAXSPEC_PROGRAM_STORE")}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
-            extra = ["--baseline"] if mode == "target-only" else []
-            plan = [("first process", prompts[0], st) for st in STORES]
-            plan += [("second process", prompts[0], st) for _ in range(turns) for st in STORES]
+            same = None if mode == "verify" else prompts[0]  # verify samples the harness's own prompt
+            plan = [("first process", same, st) for st in STORES]
+            plan += [("second process", same, st) for _ in range(turns) for st in STORES]
             if mode not in ("text", "verify"):
                 plan.append(("second process, a prompt of another length", prompts[1], STORES[0]))
             for run, prompt, store in plan:
                 folder = pathlib.Path(tmp) / mode / str(STORES.index(store))
-                argv = [sys.executable, "-m", "jaxspec.cli", "generate", "--prompt", prompt,
-                        "--max-new-tokens", str(max_new_tokens), *extra] + ([] if mode == "text" else ["--json"])
-                if mode == "verify":
-                    argv = [*argv[:3], "verify", "--samples", str(VERIFY_SAMPLES), "--no-progress", "--json"]
+                command = _command(mode, prompt, max_new_tokens)
+                argv = [sys.executable, "-m", "jaxspec.cli", *command]
                 store_env = {} if store == STORES[0] else {"JAXSPEC_PROGRAM_STORE": "off"}
                 t0 = time.perf_counter()
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
@@ -209,12 +227,8 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
                 wall = time.perf_counter() - t0
                 if r.returncode != 0:
                     raise RuntimeError(f"{' '.join(argv[2:])} failed:\n{r.stderr[-2000:]}")
-                out = {} if mode == "text" else json.loads(r.stdout)
-                if mode == "verify":
-                    out = {"seconds_with_compile": out["timings"]["speculative"]["compile_s"]}
-                    prompt = None  # the harness's own prompt
-                command = "verify" if mode == "verify" else "generate"
-                row = {"name": f"jaxspec {command} ({mode}, {store}): {run}", "mode": mode, "store": store,
+                out = _timings(mode, r.stdout)
+                row = {"name": f"jaxspec {command[0]} ({mode}, {store}): {run}", "mode": mode, "store": store,
                        "run": run, "prompt": prompt, "seconds_with_compile": out.get("seconds_with_compile"),
                        "seconds": out.get("seconds"), "process_s": wall, "cache_entries": _cache_entries(folder)}
                 rows.append(row)

@@ -58,7 +58,7 @@ from jaxspec.decode.round import (
 )
 from jaxspec.decode.head_draft import start_head
 from jaxspec.decode.ngram import NgramDraft, NgramState
-from jaxspec.decode.program_store import StoredFunction, static_text
+from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.head import FeatureHead, check_head_for
@@ -519,11 +519,6 @@ def autoregressive_program(cfg: ARConfig, target_state, key, tokens, lens, tempe
 # --------------------------------------------------------------------------- compile cache
 
 
-def _library_function(f) -> bool:
-    return callable(f) and getattr(f, "__module__", "").startswith("jaxspec.") and "<" not in getattr(
-        f, "__qualname__", "<")
-
-
 def store_text(cfg: SpecConfig | ARConfig) -> str | None:
     """The text that keys ``cfg``'s programs in the program store
     (:mod:`jaxspec.decode.program_store`), or ``None`` where they are never stored: on a
@@ -532,7 +527,7 @@ def store_text(cfg: SpecConfig | ARConfig) -> str | None:
     if cfg.mesh is not None:
         return None
     if isinstance(cfg, SpecConfig) and not all(
-            _library_function(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts)):
+            library_function_name(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts)):
         return None
     return static_text(cfg)
 

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 
 import jax
 
-__all__ = ["SUFFIX", "StoredFunction", "folder", "source_digest", "static_text", "use_folder"]
+__all__ = ["SUFFIX", "StoredFunction", "folder", "library_function_name", "source_digest", "static_text",
+           "use_folder"]
 
 SUFFIX = ".jaxspec-program"  # one file per (function, configuration, argument signature)
 _FORMAT = 1  # bump when the file's layout changes: older files are then read as missing
@@ -88,6 +89,16 @@ def static_text(obj) -> str | None:
     if "<lambda>" in text or "<locals>" in text or re.search(r"0x[0-9a-fA-F]{6,}", text):
         return None
     return text
+
+
+def library_function_name(f) -> str | None:
+    """``"module.qualname"`` of one of jaxspec's own module-level functions, else ``None``:
+    a caller's function is known only by its name, which another process may give
+    another function, so a key naming it is unsound."""
+    module, name = getattr(f, "__module__", None) or "", getattr(f, "__qualname__", None) or "<"
+    if not callable(f) or not module.startswith("jaxspec.") or "<" in name:
+        return None
+    return f"{module}.{name}"
 
 
 def _environment() -> str:

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.decode.generate import store_text
-from jaxspec.decode.program_store import StoredFunction, static_text
+from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn.sharding import put
 
 __all__ = ["count_samples", "lookup_cells"]
@@ -123,11 +123,10 @@ def _store_text(kind, cfg, impl, devices: tuple, mesh: Mesh | None, *sizes) -> s
     or a program function that is not jaxspec's own."""
     if mesh is not None or len(devices) != 1:
         return None
-    cfg_text = store_text(cfg)
-    module, name = getattr(impl, "__module__", "") or "", getattr(impl, "__qualname__", "<")
-    if cfg_text is None or not module.startswith("jaxspec.") or "<" in name:
+    cfg_text, impl_name = store_text(cfg), library_function_name(impl)
+    if cfg_text is None or impl_name is None:
         return None
-    return static_text((kind, f"{module}.{name}", cfg_text, *sizes))
+    return static_text((kind, impl_name, cfg_text, *sizes))
 
 
 def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, vocab, levels, num_samples: int,
