@@ -13,9 +13,10 @@ Convention for README.md's Python examples:
   the CPU backend sampled output is deterministic.
 
 The python blocks of docs/*.md that are followed by a ```` ```text ```` block are run the same
-way. Also: the Quickstart has exactly the two commands ``.ci/run`` relies on, the README has at
-most 200 lines, and every file the docs link to or cite under ``results/`` exists and is
-tracked by git (or about to be: untracked but not ignored).
+way. Also: the Quickstart has exactly the two commands ``.ci/run`` relies on, and every file
+the docs link to or cite under ``results/`` exists and is tracked by git (or about to be:
+untracked but not ignored). The README's length and the headline table's size are not
+checked: they protect no behaviour (issue 36, point 8).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MAX_LINES = 200
 
 _BLOCK = re.compile(r"^```python\n(.*?)^```\n(?:[ \t]*\n)*(?:^```text\n(.*?)^```\n)?", re.S | re.M)
 
@@ -56,11 +56,6 @@ def test_readme_has_python_blocks_each_with_its_output():
     assert len(BLOCKS) >= 5
     missing = [line for line, _, want in BLOCKS if want is None]
     assert not missing, f"README.md: the python blocks at lines {missing} have no ```text output block after them"
-
-
-def test_readme_is_short():
-    lines = README.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= MAX_LINES, f"README.md has {len(lines)} lines (at most {MAX_LINES}): move details to docs/"
 
 
 def _check_block(doc: str, line: int, code: str, want: str | None, tmp_path) -> None:
@@ -166,6 +161,6 @@ def test_readme_links_results_json():
     text = README.read_text(encoding="utf-8")
     section = text.split("## Headline results", 1)[1].split("\n## ", 1)[0]
     rows = [r for r in section.splitlines() if r.startswith("|") and not r.startswith("|---")][1:]
-    assert 5 <= len(rows) <= 8, rows
+    assert rows, "README.md: the headline table has no rows"
     for row in rows:
         assert re.search(r"\]\(benchmarks/results/[^)]+\)", row), f"headline row without a results link: {row}"
