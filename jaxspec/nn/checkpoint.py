@@ -21,11 +21,13 @@ Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
     lm_head.weight                                     T, [V, D]   (absent when tied)
 
 :func:`load_model` takes an embedded model name (:func:`embedded_models`, shipped under
-``jaxspec/models/``) or such a folder::
+``jaxspec/models/``) or such a folder, and GGUF files (:mod:`jaxspec.nn.gguf`) by path or by
+packaged name (:mod:`jaxspec.nn.packaged`)::
 
     target = load_model("default-target")            # embedded, no download
     draft = load_model("default-draft")
     model = load_model("/path/to/hf_folder", dtype="bfloat16")
+    model = load_model("smollm2-135m")               # the GGUF file of an installed package
 
 Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
 to :class:`~jaxspec.nn.config.ModelConfig` keyword arguments); adding a family is one entry:
@@ -58,8 +60,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.gguf import is_gguf_file, load_gguf
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
+from jaxspec.nn.packaged import is_packaged_name, packaged_file, packaged_models
 
 __all__ = [
     "ARCHITECTURES",
@@ -174,7 +178,9 @@ def embedded_models() -> list[str]:
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
-    """Embedded name -> its folder under ``jaxspec/models/``; otherwise the path itself.
+    """Embedded name -> its folder under ``jaxspec/models/``; packaged name
+    (:func:`~jaxspec.nn.packaged.packaged_models`) -> its GGUF file; otherwise the path itself
+    (a folder, or a GGUF file: :func:`~jaxspec.nn.gguf.is_gguf_file`).
 
     Raises ``ValueError`` for a bare name that is neither embedded nor an existing path, and
     ``FileNotFoundError`` for a path (anything with a separator) that does not exist.
@@ -187,18 +193,24 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     s = os.fspath(name_or_path)
     if s in embedded_models():
         return MODELS_DIR / s
+    if is_packaged_name(s):
+        return packaged_file(s)
     p = Path(s).expanduser()
     if p.exists():
+        if is_gguf_file(p):
+            return p
         if not p.is_dir():
             raise FileNotFoundError(
-                f"load_model: {s!r} is a file; expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+                f"load_model: {s!r} is a file but not a GGUF file; expected a GGUF file or a folder with "
+                f"{CONFIG_FILE} and {WEIGHTS_FILE}"
             )
         return p
     if os.sep in s or (os.altsep and os.altsep in s) or s.startswith("."):
         raise FileNotFoundError(f"load_model: model folder {s!r} does not exist")
     raise ValueError(
         f"load_model: unknown model {s!r}; expected one of the embedded models "
-        f"{embedded_models()} or a path to a local folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
+        f"{embedded_models()}, a packaged model {packaged_models()}, a path to a GGUF file or to a "
+        f"local folder with {CONFIG_FILE} and {WEIGHTS_FILE}"
     )
 
 
@@ -406,7 +418,8 @@ def _weight_files(folder: Path) -> dict[str, str]:
 def load_model(
     name_or_path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None
 ) -> Transformer:
-    """A :class:`Transformer` from an embedded name or an HF-layout folder.
+    """A :class:`Transformer` from an embedded name, an HF-layout folder, or a GGUF file
+    (a path, or a packaged name such as ``"smollm2-135m"``: :func:`~jaxspec.nn.gguf.load_gguf`).
 
     ``dtype``: ``"float32"`` (default when None) or ``"bfloat16"``; stored tensors of any
     float dtype are converted. ``max_context``: the longest sequence (prompt + new tokens +
@@ -416,6 +429,8 @@ def load_model(
     Architectures: :data:`ARCHITECTURES`. Errors name the file or tensor at fault.
     """
     folder = resolve_model_path(name_or_path)
+    if is_gguf_file(folder):
+        return load_gguf(folder, dtype=dtype, max_context=max_context)
     if is_head_folder(folder):
         raise ValueError(
             f"load_model: {os.fspath(name_or_path)!r} is a feature draft head (its {CONFIG_FILE} has "
@@ -502,7 +517,7 @@ def load_model(
 
 def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,
                max_context: int | None = None) -> Transformer | FeatureHead:
-    """A draft for :func:`jaxspec.generate` from an embedded name or a folder: a feature
+    """A draft for :func:`jaxspec.generate` from an embedded name, a folder or a GGUF file: a feature
     head (a folder written by ``jaxspec train-head``, :func:`~jaxspec.nn.head.save_head`)
     loads with :func:`~jaxspec.nn.head.load_head`, any other model with :func:`load_model`
     (``dtype`` and ``max_context`` apply to models only)."""

@@ -1,0 +1,389 @@
+"""GGUF model files (llama.cpp's format) loaded as jaxspec :class:`~jaxspec.nn.model.Transformer`\\ s.
+
+A GGUF file holds the metadata (``general.architecture``, ``{arch}.block_count``, ...), the
+tokenizer and every tensor, each stored as F32, F16, BF16 or a quantized block format (Q8_0,
+Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, ...). Tensors are dequantized with ``gguf.quants.dequantize``
+to float32, one at a time, and converted to the model's dtype as they are read::
+
+    is_gguf_file("SmolLM2-135M-Instruct.Q4_1.gguf")      # True: the file starts with b"GGUF"
+    cfg = gguf_config(path)      # ModelConfig(vocab_size=49152, hidden_size=576, num_hidden_layers=30, ...)
+    model = load_gguf(path, dtype="bfloat16")
+    jaxspec.load_model("smollm2-135m")                    # a packaged GGUF, through load_model
+
+Tensor names (llama.cpp's) and jaxspec's nnx state (``T``: stored ``[out, in]`` as in HF,
+transposed to jaxspec's ``[in, out]`` kernels)::
+
+    token_embd.weight                    [V, D]   embed_tokens.embedding
+    blk.{i}.attn_norm.weight             [D]      layers[i].input_layernorm.weight
+    blk.{i}.attn_{q,k,v,output}.weight   T        layers[i].self_attn.{q,k,v,o}_proj.kernel
+    blk.{i}.attn_{q,k,v}.bias            [H*hd]   layers[i].self_attn.{q,k,v}_proj.bias (attention_bias)
+    blk.{i}.ffn_norm.weight              [D]      layers[i].post_attention_layernorm.weight
+    blk.{i}.ffn_{gate,up,down}.weight    T        layers[i].mlp.{gate,up,down}_proj.kernel
+    output_norm.weight                   [D]      norm.weight
+    output.weight                        T [V, D] lm_head.kernel   (absent: tied embeddings)
+
+llama.cpp's converter permutes the rows of Q and K (weights and biases) of ``llama`` files
+for its rotary layout (:func:`undo_llama_permute` undoes it; :data:`QK_PERMUTED_ARCHITECTURES`
+lists the families it applies to); ``qwen2`` files keep Hugging Face's row order.
+
+Supported families are the keys of :data:`GGUF_ARCHITECTURES` (each maps the file's metadata
+to :class:`~jaxspec.nn.config.ModelConfig` keyword arguments); adding one is one entry.
+Needs the ``gguf`` package (``pip install 'jaxspec[gguf]'``); :func:`is_gguf_file` does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.model import Transformer
+
+__all__ = [
+    "GGUF_ARCHITECTURES",
+    "QK_PERMUTED_ARCHITECTURES",
+    "is_gguf_file",
+    "gguf_config",
+    "load_gguf",
+    "undo_llama_permute",
+]
+
+_MAGIC = b"GGUF"
+_DTYPES = ("float32", "bfloat16")
+# jaxspec module name -> llama.cpp tensor name part
+_MODULES = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_output",
+    "gate_proj": "ffn_gate",
+    "up_proj": "ffn_up",
+    "down_proj": "ffn_down",
+}
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an existing file whose first 4 bytes are ``b"GGUF"``."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    p = Path(os.fspath(path)).expanduser()
+    try:
+        with open(p, "rb") as f:
+            return p.is_file() and f.read(4) == _MAGIC
+    except OSError:
+        return False
+
+
+# ----------------------------------------------------------------------------- metadata
+def _field_value(field) -> Any:
+    """A metadata field as a Python value (FLOAT32 rounded to its shortest decimal, so the
+    stored 9.999999747e-06 reads back as the 1e-05 that was written)."""
+    import gguf
+
+    value = field.contents()
+    if field.types and field.types[0] == gguf.GGUFValueType.FLOAT32:
+        value = float(str(np.float32(value)))
+    return value
+
+
+def _metadata(reader) -> dict[str, Any]:
+    """All metadata fields except the tokenizer's long arrays (tokens, merges, types, scores)."""
+    import gguf
+
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+            continue
+        out[key] = _field_value(field)
+    return out
+
+
+def _require(meta: Mapping[str, Any], key: str) -> Any:
+    if key not in meta:
+        raise ValueError(f"missing metadata key {key!r}")
+    return meta[key]
+
+
+def _check_rope(arch: str, meta: Mapping[str, Any], head_dim: int) -> None:
+    """Refuse rotary variants jaxspec does not implement: scaling (linear, yarn, ...) and
+    rotation of part of each head."""
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        raise ValueError(
+            f"{arch}.rope.scaling.type = {kind!r} is not supported; expected 'none' (plain rotary embeddings)"
+        )
+    factor = meta.get(f"{arch}.rope.scale_linear")
+    if factor not in (None, 1.0):
+        raise ValueError(f"{arch}.rope.scale_linear = {factor!r} is not supported; expected 1.0 (no rope scaling)")
+    dims = meta.get(f"{arch}.rope.dimension_count")
+    if dims is not None and dims != head_dim:
+        raise ValueError(
+            f"{arch}.rope.dimension_count = {dims!r}: rotary embeddings over part of a head are not "
+            f"supported; expected the head dimension {head_dim}"
+        )
+
+
+def _check_window(arch: str, meta: Mapping[str, Any], max_context: int | None) -> None:
+    """Refuse a sliding attention window shorter than the context (as ``load_model`` does for
+    HF folders): jaxspec attends over the full context."""
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window is None:
+        return
+    ctx = max_context if max_context is not None else meta[f"{arch}.context_length"]
+    if window < ctx:
+        hint = (f"pass max_context <= {window} to use it with at most {window} tokens" if max_context is None
+                else f"max_context = {max_context} exceeds it; use max_context <= {window}")
+        raise ValueError(
+            f"{arch} uses a sliding attention window of {window} tokens ({arch}.attention.sliding_window), "
+            f"shorter than the context of {ctx} tokens; jaxspec implements full attention only, which "
+            f"differs from the model beyond {window} tokens: {hint}"
+        )
+
+
+def _llama_kwargs(meta: Mapping[str, Any], max_context: int | None = None, arch: str = "llama") -> dict[str, Any]:
+    heads = _require(meta, f"{arch}.attention.head_count")
+    hidden = _require(meta, f"{arch}.embedding_length")
+    head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads if heads else None)
+    value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"{arch}.attention.value_length = {value_dim!r}: expected the key length {head_dim}")
+    _check_rope(arch, meta, head_dim)
+    _check_window(arch, meta, max_context)
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=_require(meta, f"{arch}.feed_forward_length"),
+        num_hidden_layers=_require(meta, f"{arch}.block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+        head_dim=head_dim,
+        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        rms_norm_eps=_require(meta, f"{arch}.attention.layer_norm_rms_epsilon"),
+        max_position_embeddings=_require(meta, f"{arch}.context_length"),
+        attention_bias=False,
+    )
+
+
+def _qwen2_kwargs(meta: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    return {**_llama_kwargs(meta, max_context, arch="qwen2"), "attention_bias": True}
+
+
+#: ``general.architecture`` -> function(metadata dict, max_context) -> ModelConfig keyword
+#: arguments (the sizes, rope, norm and bias fields; vocabulary, tying and end-of-text ids are
+#: read by :func:`gguf_config` for every family). Raises ValueError for what jaxspec cannot
+#: run exactly.
+GGUF_ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
+    "llama": _llama_kwargs,
+    "qwen2": _qwen2_kwargs,
+}
+
+#: the families whose Q/K rows llama.cpp's converter permutes (``LlamaModel.permute``)
+QK_PERMUTED_ARCHITECTURES = frozenset({"llama"})
+
+
+def _reader(path_or_reader, fn: str):
+    """(GGUFReader, its path) from a path or an open reader."""
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError(f"{fn}: reading GGUF files needs the gguf package: pip install 'jaxspec[gguf]'") from None
+    if isinstance(path_or_reader, gguf.GGUFReader):
+        return path_or_reader, Path(str(path_or_reader.data.filename))
+    if not isinstance(path_or_reader, (str, os.PathLike)):
+        raise ValueError(f"{fn}: path = {path_or_reader!r}; expected a path to a GGUF file or a GGUFReader")
+    path = Path(os.fspath(path_or_reader)).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{fn}: GGUF file {str(path)!r} does not exist")
+    if not is_gguf_file(path):
+        raise ValueError(f"{fn}: {path} is not a GGUF file (its first bytes are not b'GGUF')")
+    try:
+        return gguf.GGUFReader(path), path
+    except (ValueError, IndexError, KeyError) as e:
+        raise ValueError(f"{fn}: {path} is not a valid GGUF file: {e}") from None
+
+
+def _check_args(fn: str, dtype, max_context) -> str:
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1):
+        raise ValueError(f"{fn}: max_context = {max_context!r}; expected a positive integer or None")
+    dtype = "float32" if dtype is None else dtype
+    if not isinstance(dtype, str):
+        try:
+            dtype = jnp.dtype(dtype).name
+        except TypeError:
+            pass
+    if dtype not in _DTYPES:
+        raise ValueError(f"{fn}: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    return dtype
+
+
+def gguf_config(path_or_reader, *, dtype: str | None = None, max_context: int | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file (a path or an open ``gguf.GGUFReader``).
+
+    ``vocab_size``: ``{arch}.vocab_size``, else the token list's length, else
+    ``token_embd.weight``'s rows; ``tie_word_embeddings``: no ``output.weight`` tensor;
+    ``eos_token_id``: ``tokenizer.ggml.eos_token_id``, with ``tokenizer.ggml.eot_token_id``
+    as a second id when it differs. ``dtype`` and ``max_context`` as in ``load_model``.
+    """
+    return _config(path_or_reader, dtype, max_context, "gguf_config")
+
+
+def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
+    dtype = _check_args(fn, dtype, max_context)
+    reader, path = _reader(path_or_reader, fn)
+    meta = _metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"{fn}: {path}: general.architecture = {arch!r} is not supported; expected one of "
+            f"{sorted(GGUF_ARCHITECTURES)}"
+        )
+    tensors = {t.name: t for t in reader.tensors}
+    try:
+        kwargs = GGUF_ARCHITECTURES[arch](meta, max_context)
+        vocab = meta.get(f"{arch}.vocab_size")
+        if vocab is None and "tokenizer.ggml.tokens" in reader.fields:
+            vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        if vocab is None and "token_embd.weight" in tensors:
+            vocab = int(tensors["token_embd.weight"].shape[-1])  # GGUF dims: [D, V]
+        if vocab is None:
+            raise ValueError(f"no {arch}.vocab_size, token list or token_embd.weight to read the vocabulary size from")
+        eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+        eos = list(dict.fromkeys(eos))  # distinct, in order
+        config = ModelConfig(
+            **kwargs,
+            vocab_size=vocab,
+            tie_word_embeddings="output.weight" not in tensors,
+            eos_token_id=eos[0] if len(eos) == 1 else tuple(eos) or None,
+            dtype=dtype,
+        )
+    except ValueError as e:
+        raise ValueError(f"{fn}: {path}: {e}") from None
+    if max_context is not None and max_context < config.max_position_embeddings:
+        config = dataclasses.replace(config, max_position_embeddings=max_context)
+    return config
+
+
+# ----------------------------------------------------------------------------- tensors
+def undo_llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's ``LlamaModel.permute`` of Q or K rows (``n_heads``: query heads
+    for Q, key/value heads for K). ``w``: ``[n_heads * hd, ...]`` (a weight or a bias).
+
+    Within each head llama.cpp interleaves the two rotary halves: GGUF row ``2 * j + s`` is
+    HF row ``s * hd / 2 + j``. For one head with hd = 4, GGUF rows ``[a0, b0, a1, b1]`` ->
+    HF rows ``[a0, a1, b0, b1]``.
+    """
+    hd = w.shape[0] // n_heads
+    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_name(path: tuple) -> tuple[str, bool]:
+    """nnx state path -> (GGUF tensor name, whether jaxspec's array is the transpose)."""
+    *mods, leaf = (str(p) for p in path)
+    if mods == ["embed_tokens"]:
+        return "token_embd.weight", False
+    if mods == ["norm"]:
+        return "output_norm.weight", False
+    if mods == ["lm_head"]:
+        return "output.weight", True
+    _, i, *rest = mods  # ["layers", i, "self_attn", "q_proj"] or ["layers", i, "input_layernorm"]
+    return f"blk.{i}.{_MODULES[rest[-1]]}.{'bias' if leaf == 'bias' else 'weight'}", leaf == "kernel"
+
+
+def load_gguf(path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None) -> Transformer:
+    """A :class:`Transformer` from a GGUF file (families: :data:`GGUF_ARCHITECTURES`).
+
+    Every tensor is dequantized to float32, its Q/K rows put back in HF order
+    (:data:`QK_PERMUTED_ARCHITECTURES`), checked (shape against the metadata, finite values)
+    and converted to ``dtype`` (``"float32"``, the default, or ``"bfloat16"``) before the next
+    is read, so at most one float32 tensor exists besides the model. Errors name the file and
+    the tensor at fault.
+    """
+    import gguf.quants
+
+    fn = "load_gguf"
+    _check_args(fn, dtype, max_context)  # the arguments before the file
+    reader, file = _reader(path, fn)
+    config = _config(reader, dtype, max_context, fn)
+    arch = reader.fields["general.architecture"].contents()
+    tensors = {t.name: t for t in reader.tensors}
+
+    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    expected = {}  # GGUF name -> (state path, transpose, expected [out, in] shape)
+    for p, var in nnx.to_flat_state(state):
+        name, transpose = _gguf_name(p)
+        shape = tuple(var.get_value().shape)
+        expected[name] = (p, transpose, shape[::-1] if transpose else shape)
+
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        raise ValueError(
+            f"{fn}: {file}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    if "rope_freqs.weight" in tensors:
+        raise ValueError(
+            f"{fn}: {file}: tensor 'rope_freqs.weight' (per-dimension rotary frequency factors, e.g. "
+            "Llama 3.1's rope scaling) is not supported; jaxspec implements plain rotary embeddings"
+        )
+    unexpected = [n for n in tensors if n not in expected]
+    if unexpected:
+        raise ValueError(
+            f"{fn}: {file}: unexpected tensor {unexpected[0]!r} for the configuration in its metadata "
+            f"({arch}, attention_bias = {config.attention_bias}, tie_word_embeddings = {config.tie_word_embeddings})"
+        )
+
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    pd = config.param_dtype
+    values: dict[tuple, jax.Array] = {}
+    for name, (p, transpose, shape) in expected.items():
+        t = tensors[name]
+        got = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF dims are innermost first
+        if got != shape:
+            raise ValueError(
+                f"{fn}: {file}: tensor {name!r} has shape {got}; expected {shape} from the file's metadata"
+            )
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)  # float32, [out, in]
+        except NotImplementedError:
+            raise ValueError(
+                f"{fn}: {file}: tensor {name!r} has type {t.tensor_type.name}, which gguf {_gguf_version()} "
+                "cannot dequantize"
+            ) from None
+        arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+        if not np.isfinite(arr).all():
+            bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+            raise ValueError(
+                f"{fn}: {file}: tensor {name!r} has {bad} non-finite value(s) (NaN or inf); expected finite weights"
+            )
+        part = name.split(".")[-2]
+        if arch in QK_PERMUTED_ARCHITECTURES and part in heads:
+            arr = undo_llama_permute(arr, heads[part])
+        values[p] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
+        del arr
+
+    pure = nnx.to_pure_dict(state)
+    for p, value in values.items():
+        node = pure
+        for k in p[:-1]:
+            node = node[k]
+        node[p[-1]] = value
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"
