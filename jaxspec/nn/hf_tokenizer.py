@@ -9,9 +9,10 @@ package (installed by the ``hf`` extra), or the byte tokenizer of the embedded m
     tok.vocab_size, tok.eos_id                       # eos_id from config.json / tokenizer_config.json
 
     load_tokenizer("default-target")                 # ByteTokenizer (embedded models)
+    load_tokenizer("smollm2-135m")                   # GGUFTokenizer (a packaged model, or any .gguf file)
 
 Nothing here touches the network: the file is read from local disk. ``tokenizers`` is
-imported lazily, only when a ``tokenizer.json`` is loaded.
+imported lazily, only when a ``tokenizer.json`` is loaded (GGUF files: :mod:`jaxspec.nn.gguf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -135,8 +136,14 @@ class HFTokenizer(BaseTokenizer):
 def load_tokenizer(name_or_path: str | os.PathLike):
     """The tokenizer of a model: :class:`HFTokenizer` when its folder has ``tokenizer.json``;
     the :class:`~jaxspec.nn.tokenizer.ByteTokenizer` for the embedded models and folders whose
-    ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes).
-    ``FileNotFoundError`` otherwise."""
+    ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes); the
+    :class:`~jaxspec.nn.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
+    packaged name such as ``"smollm2-135m"``). ``FileNotFoundError`` otherwise."""
+    from jaxspec.nn.gguf_tokenizer import is_gguf_path, load_gguf_tokenizer  # imports no GGUF package itself
+    from jaxspec.nn.packaged import is_packaged_name, packaged_file
+
+    if is_packaged_name(name_or_path) or is_gguf_path(name_or_path):
+        return load_gguf_tokenizer(packaged_file(name_or_path) if is_packaged_name(name_or_path) else name_or_path)
     from jaxspec.nn.checkpoint import resolve_model_path
 
     folder = resolve_model_path(name_or_path)
