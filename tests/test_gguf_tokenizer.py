@@ -97,6 +97,12 @@ def files(tmp_path_factory):
     out["spm"] = write_gguf(folder / "spm.gguf", spm, len(tokens))
     out["spm_no_template"] = write_gguf(folder / "spm_no_template.gguf", lambda w: spm(w, None), len(tokens))
 
+    def bad_pad(w):
+        spm(w, None)
+        w.add_pad_token_id(len(tokens) + 5)
+
+    out["spm_bad_pad"] = write_gguf(folder / "spm_bad_pad.gguf", bad_pad, len(tokens))
+
     # a file whose tokenizer model is neither gpt2 nor llama
     def bert(w):
         w.add_tokenizer_model("bert")
@@ -108,6 +114,8 @@ def files(tmp_path_factory):
     out["llama3"] = write_bpe(folder / "llama3.gguf", "llama-bpe", llama3_control, add_bos=True, extra=["Ġlazydog"])
     out["qwen2"] = write_bpe(folder / "qwen2.gguf", "qwen2", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                              add_bos=False, template=CHATML_TOJSON_TEMPLATE)
+    out["gpt2"] = write_bpe(folder / "gpt2.gguf", "gpt-2", ["<|endoftext|>"], add_bos=False)
+    out["default"] = write_bpe(folder / "default.gguf", "default", ["<|endoftext|>"], add_bos=False)
     out["bad_pre"] = write_bpe(folder / "bad_pre.gguf", "no-such-pre", ["<|endoftext|>"], add_bos=False)
     return out
 
@@ -418,12 +426,12 @@ BPE_HARD = {
 
 
 @pytest.mark.parametrize("name", list(BPE_HARD))
-@pytest.mark.parametrize("file", ["llama3", "qwen2"])
+@pytest.mark.parametrize("file", ["llama3", "qwen2", "gpt2"])
 def test_bpe_ids_match_transformers(files, written_hf, file, name):
     ours, theirs = load_gguf_tokenizer(files[file]), written_hf(file)
     bos, eos = pieces(ours, [ours.bos_id, ours.eos_id])
     text = BPE_HARD[name].format(bos=bos, eos=eos)
-    assert ours.pre == {"llama3": "llama-bpe", "qwen2": "qwen2"}[file]
+    assert ours.pre == {"llama3": "llama-bpe", "qwen2": "qwen2", "gpt2": "gpt-2"}[file]
     assert ours.add_bos == (file == "llama3")
     assert ours.encode(text) == theirs.encode(text)
     if "{" not in BPE_HARD[name]:
@@ -435,6 +443,18 @@ def test_bpe_digit_splits_differ_by_kind(files):
     split = pieces(llama3, llama3.encode("1234567", add_bos=False))
     assert "".join(split) == "1234567" and all(len(p) <= 3 for p in split)  # \p{N}{1,3}
     assert pieces(qwen2, qwen2.encode("1234567")) == list("1234567")  # \p{N}: one digit a piece
+
+
+def test_default_kind_follows_llama_cpp(files, written_hf):
+    """llama.cpp's "default" kind (also for files without tokenizer.ggml.pre): runs of punctuation
+    split off first, then GPT-2's regex, then numbers, then three digits at a time. transformers uses
+    GPT-2's regex alone; the two agree on plain words."""
+    tok = load_gguf_tokenizer(files["default"])
+    assert tok.pre == "default"
+    text, parts = "a (b) 12345!!", ["a", " ", "(", "b", ")", " ", "123", "45", "!!"]
+    assert tok.encode(text) == [i for part in parts for i in tok.encode(part)]
+    words = "The quick brown fox jumps over the lazy dog"
+    assert tok.encode(words) == written_hf("default").encode(words)
 
 
 def test_llama3_ignore_merges(files, written_hf):
@@ -482,6 +502,13 @@ def test_missing_template_is_named(files):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="has no chat template"):
         tok.encode_chat([{"role": "user", "content": "hi"}])
+
+
+def test_out_of_vocabulary_special_id_is_ignored_with_a_warning(files):
+    """As llama.cpp does: the file still loads, without that special token."""
+    with pytest.warns(UserWarning, match=r"tokenizer\.ggml\.padding_token_id = \d+ is not an id in \[0, \d+\); ignored"):
+        tok = load_gguf_tokenizer(files["spm_bad_pad"])
+    assert (tok.bos_id, tok.eos_id, tok.unk_id, tok.pad_id) == (1, 2, 0, None)
 
 
 @pytest.mark.parametrize(

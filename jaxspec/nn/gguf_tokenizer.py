@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -268,11 +269,14 @@ def _compile_template(source: str):
 
 
 def _token_id(meta: dict[str, Any], key: str, n_tokens: int, default: int | None, where: str) -> int | None:
+    """A special token's id; one outside the vocabulary is ignored with a warning, as llama.cpp does."""
     value = meta.get(f"tokenizer.ggml.{key}", default)
     if value is None:
         return None
-    if not isinstance(value, int) or not 0 <= value < n_tokens:
-        raise ValueError(f"{where}: tokenizer.ggml.{key} = {value!r}; expected an id in [0, {n_tokens})")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_tokens:
+        warnings.warn(f"{where}: tokenizer.ggml.{key} = {value!r} is not an id in [0, {n_tokens}); ignored",
+                      stacklevel=3)
+        return default if default is not None and default < n_tokens else None
     return int(value)
 
 
@@ -332,8 +336,8 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> GGUFTokenizer:
     template = meta.get("tokenizer.chat_template")
     return GGUFTokenizer(
         tok, n_tokens=n, model=model, pre=pre,
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
-        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)) and ids["bos"] is not None,
+        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)) and ids["eos"] is not None,
         bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["padding"], unk_id=ids["unknown"], tokens=tokens,
         chat_template=template if isinstance(template, str) and template else None, source=str(path),
     )
