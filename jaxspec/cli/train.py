@@ -101,6 +101,8 @@ def _flag_names(message: str, args) -> str:
     flags.update(model)  # ModelConfig field names are distinctive enough to map bare
     flags.update({f"TrainConfig.{name}": name for name in vars(args)})
     flags["stop_at"] = "stop_at"  # a train() / distill() argument, named bare in their messages
+    if hasattr(args, "init"):  # distill()'s init_draft comes from --init
+        flags["init_draft"] = "init"
     for name in ("feature_weight", "noise", "unroll"):  # train_head() arguments, likewise (train-head only)
         if hasattr(args, name):
             flags[name] = name
@@ -226,7 +228,7 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
         except TrainingDiverged as e:
             return _diverged("distill", e, args)
         except ValueError as e:
-            msg = _flag_names(str(e), args)
+            msg = _flag_names(str(e), args).replace("--init's config", f"the config of --init {args.init}")
             if "per-token FLOPs" in msg:
                 msg += " (--max-compute-ratio)"
             raise CLIError(msg) from None
@@ -311,13 +313,17 @@ def _stopped(r) -> int:
 def _say_where_to_resume(command: str, out) -> None:
     """On Ctrl-C during training: where the last checkpoint is (stderr), so that the run
     can be finished with --resume, or that there is none yet."""
-    from jaxspec.training.train import CHECKPOINT_DIR, META_FILE, find_checkpoint
+    from jaxspec.training.train import CHECKPOINT_DIR, find_checkpoint, read_checkpoint_meta
 
     found = find_checkpoint(Path(out) / CHECKPOINT_DIR)
     if found is None:
         print(f"jaxspec {command}: no checkpoint was written yet (one comes every --checkpoint-every steps)",
               file=sys.stderr)
         return
-    step = json.loads((found / META_FILE).read_text())["step"]
+    try:
+        step = read_checkpoint_meta(found)["step"]
+    except ValueError as e:
+        print(f"jaxspec {command}: {e}", file=sys.stderr)
+        return
     print(f"jaxspec {command}: the last checkpoint (step {step}) is in {found}; rerun the same command "
           "with --resume to continue from it", file=sys.stderr)

@@ -192,6 +192,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
 
 def _run(args: argparse.Namespace) -> int:
     from jaxspec.core.treespec import DynamicTree, parse_tree
+    from jaxspec.exactness.exact_laws import cells_bound
     from jaxspec.exactness.harness import DEFAULT_SCHEME, MAX_CELLS, verify
 
     if (args.target is None) != (args.draft is None):
@@ -217,6 +218,13 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(
             f"--horizon = {h}: the target's {vocab} tokens give {vocab}**{h} joint cells, more than "
             f"{MAX_CELLS}; pass --top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
+        )
+    k = vocab if args.top_k is None else min(vocab, args.top_k)
+    if args.top_k is not None and cells_bound(vocab, h, temperature=args.temperature, top_k=k) > MAX_CELLS:
+        raise CLIError(  # known from the flags: refused before the exact law is enumerated
+            f"--top-k {args.top_k} and --horizon {h}: up to {k}**{h}{f' = {k**h}' if h <= 64 else ''} joint "
+            f"cells (min(--top-k, the target's {vocab} tokens) at each position), more than {MAX_CELLS}; pass "
+            f"--top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
         )
     try:
         report = verify(

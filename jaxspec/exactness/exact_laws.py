@@ -30,7 +30,7 @@ from jaxspec.core.treespec import StaticTree
 from jaxspec.nn.head import FeatureHead
 from jaxspec.nn.model import Transformer, forward_features, forward_logits
 
-__all__ = ["MAX_CELLS", "MAX_ACCEPT_TERMS", "ExactLaw", "exact_law", "expected_acceptance"]
+__all__ = ["MAX_CELLS", "MAX_ACCEPT_TERMS", "ExactLaw", "exact_law", "cells_bound", "expected_acceptance"]
 
 #: most joint cells (token sequences of positive probability) a run may have
 MAX_CELLS = 1 << 20
@@ -126,6 +126,25 @@ class ExactLaw:
     levels: tuple[tuple[np.ndarray, np.ndarray], ...]
 
 
+def cells_bound(vocab_size: int, horizon: int, *, temperature: float = 1.0, top_k: int | None = None,
+                cap: int = MAX_CELLS) -> int:
+    """The most joint cells the law of ``horizon`` tokens can have, known before any model
+    is run: ``min(top_k, vocab_size)**horizon`` (``vocab_size**horizon`` without a top-k;
+    a top-p can only cut it), one at temperature 0. Saturates: ``cap + 1`` stands for any
+    count above ``cap`` (a horizon of 10**20 is not raised to its power)."""
+    if temperature == 0:
+        return 1
+    k = vocab_size if top_k is None else min(int(top_k), vocab_size)
+    if k <= 1:
+        return 1
+    n = 1
+    for _ in range(horizon):
+        n *= k
+        if n > cap:
+            return cap + 1
+    return n
+
+
 def exact_law(target: Transformer, prompt: Sequence[int], horizon: int, *, temperature: float = 1.0,
               top_k: int | None = None, top_p: float | None = None, max_cells: int = MAX_CELLS) -> ExactLaw:
     """Enumerate the law of the first ``horizon`` tokens sampled after ``prompt`` from the
@@ -137,14 +156,23 @@ def exact_law(target: Transformer, prompt: Sequence[int], horizon: int, *, tempe
     levels = []
     batch = _batch_for(v, top_k, horizon)
     for lvl in range(horizon):
-        laws = _next_laws(target, prompt, prefixes, warp, width=horizon - 1, batch=batch)  # [n, V]
-        par, tok = np.nonzero(laws > 0)  # row-major: sorted by (parent, token)
-        if par.size > max_cells:
-            raise ValueError(
-                f"horizon = {horizon}: {par.size} token sequences of positive probability at position "
-                f"{lvl + 1}, more than {max_cells} countable cells; pass a smaller top_k (or horizon)"
-            )
-        probs = probs[par] * laws[par, tok]
+        # one batch of prefixes at a time: only the positive entries of the [n, V] laws are
+        # kept, so a level too wide is refused before its dense laws are all in memory
+        pars, toks, steps, count = [], [], [], 0
+        for s in range(0, len(prefixes), batch):
+            laws = _next_laws(target, prompt, prefixes[s : s + batch], warp, width=horizon - 1, batch=batch)
+            par, tok = np.nonzero(laws > 0)  # row-major: sorted by (parent, token)
+            count += par.size
+            if count > max_cells:
+                raise ValueError(
+                    f"horizon = {horizon}: more than {max_cells} token sequences of positive probability at "
+                    f"position {lvl + 1} (countable cells); pass a smaller top_k (or horizon)"
+                )
+            pars.append(par + s)
+            toks.append(tok)
+            steps.append(laws[par, tok])
+        par, tok = np.concatenate(pars), np.concatenate(toks)
+        probs = probs[par] * np.concatenate(steps)
         prefixes = np.concatenate([prefixes[par], tok[:, None].astype(np.int32)], axis=1)
         levels.append((par.astype(np.int32), tok.astype(np.int32)))
     probs = probs / probs.sum()

@@ -93,6 +93,7 @@ from jaxspec.exactness.exact_laws import (
     MAX_ACCEPT_TERMS,
     MAX_CELLS,
     ExactLaw,
+    cells_bound,
     exact_law,
     expected_acceptance,
 )
@@ -415,6 +416,11 @@ def verify(
     if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
         raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
                          "pass a top_k so that top_k**horizon cells are countable")
+    k = min(v, setup.target_warp["top_k"] or v)
+    if cells_bound(v, horizon, temperature=setup.temperature, top_k=k) > MAX_CELLS:  # before enumerating
+        raise ValueError(f"top_k = {setup.target_warp['top_k']}, horizon = {horizon}: {k}**{horizon}"
+                         f"{f' = {k**horizon}' if horizon <= 64 else ''} joint cells, more than MAX_CELLS = "
+                         f"{MAX_CELLS}; pass a smaller top_k or horizon")
     if mesh is not None:
         if devices is not None:
             raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 from pathlib import Path
@@ -84,6 +83,7 @@ from jaxspec.training.train import (
     fit,
     kl_per_position,
     overlap_per_position,
+    read_checkpoint_meta,
     validation_windows,
     write_summary,
 )
@@ -283,7 +283,10 @@ def train_head(
     loss_meta = {"feature_weight": feature_weight, "noise": noise, "unroll": unroll}
     found = find_checkpoint(out_dir / CHECKPOINT_DIR) if resume else None
     if found is not None:  # fit checks the rest; the objective's settings are this trainer's
-        stored = json.loads((found / META_FILE).read_text()).get("head_loss")
+        stored = read_checkpoint_meta(found).get("head_loss")
+        if stored is not None and not isinstance(stored, dict):
+            raise ValueError(f"resume: {found / META_FILE}: 'head_loss' = {repr(stored)[:80]}; expected a JSON "
+                             "object (the checkpoint is damaged)")
         for name, v in loss_meta.items():
             was = None if stored is None else stored.get(name, 1 if name == "unroll" else None)  # unroll came later
             if stored is not None and was != v:

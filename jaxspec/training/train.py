@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -81,6 +82,8 @@ __all__ = [
     "CHECKPOINT_DIR",
     "META_FILE",
     "find_checkpoint",
+    "read_checkpoint_meta",
+    "read_checkpoint_state",
 ]
 
 # Model presets (byte vocabulary; EOS_ID, which ends every corpus document, is their
@@ -309,6 +312,53 @@ def find_checkpoint(ckpt_dir: Path) -> Path | None:
     return None
 
 
+# The entries of a checkpoint's META_FILE that resuming reads, and what each must be.
+_META_ENTRIES = {
+    "kind": (str, "a string"), "model_config": (dict, "a JSON object"), "train_config": (dict, "a JSON object"),
+    "step": (int, "an integer >= 0"), "sampler_state": (dict, "a JSON object"), "history": (list, "a JSON list"),
+    "train_time_s": ((int, float), "a number"),
+}
+
+
+def _damaged(path: Path, what: str) -> ValueError:
+    return ValueError(f"resume: {path}: {what}; the checkpoint is damaged: start the run again in another out_dir "
+                      f"(--out), or delete {path.parent} to start over in this one")
+
+
+def read_checkpoint_meta(folder: Path) -> dict:
+    """The metadata of the checkpoint in ``folder`` (its ``META_FILE``), checked to hold
+    every entry resuming reads; ``ValueError`` naming the file and what is wrong with it
+    (not JSON, not an object, an entry missing or of the wrong type)."""
+    path = Path(folder) / META_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise _damaged(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise _damaged(path, f"not valid JSON ({e})") from None
+    except OSError as e:
+        raise _damaged(path, f"cannot be read ({e.strerror or e})") from None
+    if not isinstance(meta, dict):
+        raise _damaged(path, f"expected a JSON object, got a JSON {type(meta).__name__}")
+    for name, (kind, expected) in _META_ENTRIES.items():
+        if name not in meta:
+            raise _damaged(path, f"no {name!r} entry")
+        v = meta[name]
+        if not isinstance(v, kind) or isinstance(v, bool) or (name == "step" and v < 0):
+            raise _damaged(path, f"{name!r} = {repr(v)[:80]}; expected {expected}")
+    return meta
+
+
+def read_checkpoint_state(folder: Path) -> dict[str, np.ndarray]:
+    """The arrays of the checkpoint in ``folder``; ``ValueError`` naming the file when it
+    cannot be read (truncated, not safetensors)."""
+    path = Path(folder) / _STATE_FILE
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise _damaged(path, f"cannot be read as safetensors ({e})") from None
+
+
 # ----------------------------------------------------------------------------- engine
 def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
@@ -382,9 +432,9 @@ def fit(
     if resume and found is None:
         raise FileNotFoundError(f"{kind}: --resume given but no checkpoint in {ckpt_dir}")
     if found is not None:
-        meta = json.loads((found / META_FILE).read_text())
+        meta = read_checkpoint_meta(found)
+        arrays = read_checkpoint_state(found)  # readable before it is compared with this run
         _check_resumable(meta, meta_base, found)
-        arrays = load_file(found / _STATE_FILE)
         bad = _nonfinite(arrays)
         if bad:  # written by a version that saved diverged states
             raise ValueError(
@@ -393,7 +443,11 @@ def fit(
             )
         state = _unflat({"params": params, "opt_state": opt_state}, arrays, found)
         params, opt_state = state["params"], state["opt_state"]
-        sampler.set_state(meta["sampler_state"])
+        try:
+            sampler.set_state(meta["sampler_state"])
+        except (ValueError, TypeError, KeyError):
+            raise _damaged(found / META_FILE, "'sampler_state' is not a state of the batch sampler's "
+                                               "random generator") from None
         start, history, prior_time = meta["step"], meta["history"], meta["train_time_s"]
         if stop_at is not None and stop_at <= start:
             raise ValueError(
@@ -637,9 +691,10 @@ def distill(
             f"distill: the draft costs {ratio:.3f} of the target's per-token FLOPs; expected <= {max_compute_ratio:.3f}"
         )
     if init_draft is not None and init_draft.config != draft_config:
-        diff = {k: (v, getattr(draft_config, k)) for k, v in init_draft.config.to_dict().items()
-                if getattr(draft_config, k) != v}
-        raise ValueError(f"distill: the initial draft's config differs from the draft config (init, requested): {diff}")
+        diff = "; ".join(f"{k} = {v!r} in init_draft, {getattr(draft_config, k)!r} requested"
+                         for k, v in init_draft.config.to_dict().items() if getattr(draft_config, k) != v)
+        raise ValueError(f"distill: init_draft's config differs from the requested draft config: {diff}; "
+                         "expected the same config")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus() if corpus is None else corpus

@@ -1,0 +1,155 @@
+"""Hostile inputs, second round (issue 41): a ``--mesh`` of more devices than exist, meshes
+built by ``jax.make_mesh`` (explicit axis types), damaged checkpoints given to ``--resume``,
+``distill --init`` with another config, and ``verify`` asked for more joint cells than it
+counts. Each is refused at the boundary, naming the flag or argument, the value and what
+was expected (exit status 2 on the command line), or, for ``jax.make_mesh``, accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from jaxspec.cli import main
+from jaxspec.nn.checkpoint import save_model
+from jaxspec.nn.model import init_model
+
+HERE = Path(__file__).parent
+TIMEOUT = 900
+
+
+def _python(code: str, *, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=TIMEOUT,
+                          cwd=HERE)
+
+
+# ----------------------------------------------------------------------------- train --resume, damaged
+
+_TRAIN = ["train", "--preset", "tiny", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1",
+          "--eval-every", "4", "--eval-windows", "2", "--checkpoint-every", "2", "--max-files", "2", "--no-progress"]
+
+_META = {"kind": "train", "model_config": {}, "train_config": {}, "corpus_digest": "x", "step": 2,
+         "sampler_state": {}, "history": [], "train_time_s": 1.0}
+
+
+def _checkpoint(tmp_path, meta_text: str, state: bytes | None = None) -> Path:
+    """``tmp_path/run`` with a ``checkpoint`` folder of the given files."""
+    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(meta_text)
+    if state is None:
+        save_file({"x": np.zeros(3, np.float32)}, ckpt / "state.safetensors")
+    else:
+        (ckpt / "state.safetensors").write_bytes(state)
+    return ckpt
+
+
+def _truncated_state(tmp_path) -> bytes:
+    save_file({"['params']['w']": np.arange(64, dtype=np.float32)}, tmp_path / "whole.safetensors")
+    data = (tmp_path / "whole.safetensors").read_bytes()
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize("case", ["not-json", "not-an-object", "no-model-config", "bad-step", "truncated-state"])
+def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path, capsys, case):
+    """``train --resume`` from a damaged folder showed a JSON parse error, ``KeyError:
+    'model_config'`` or safetensors' "incomplete metadata"; now one line naming the file
+    and what is wrong with it, exit 2."""
+    meta = dict(_META)
+    if case == "no-model-config":
+        del meta["model_config"]
+    if case == "bad-step":
+        meta["step"] = "two"
+    text = {"not-json": '{"kind": "train", "step":', "not-an-object": "[1, 2]"}.get(case, json.dumps(meta))
+    ckpt = _checkpoint(tmp_path, text, _truncated_state(tmp_path) if case == "truncated-state" else None)
+    code = main([*_TRAIN, "--out", str(tmp_path / "run"), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "Traceback" not in err and err.count("error:") == 1, err
+    want = {
+        "not-json": (f"{ckpt / 'state.json'}: not valid JSON",),
+        "not-an-object": (f"{ckpt / 'state.json'}: expected a JSON object",),
+        "no-model-config": (f"{ckpt / 'state.json'}: no 'model_config'",),
+        "bad-step": (f"{ckpt / 'state.json'}: 'step' = 'two'", "expected an integer >= 0"),
+        "truncated-state": (f"{ckpt / 'state.safetensors'}: cannot be read",),
+    }[case]
+    for needle in want:
+        assert needle in err, err
+    assert "damaged" in err and "--out" in err, err  # what to do: start over in another folder
+
+
+def test_train_head_resume_from_a_damaged_checkpoint_names_the_file(tmp_path):
+    """``train_head`` reads the checkpoint's settings before ``fit``: the same message."""
+    import jaxspec.training.head as head_mod
+    from jaxspec.training.train import PRESETS, TrainConfig
+
+    ckpt = _checkpoint(tmp_path, "not json")
+    import jax
+
+    target = init_model(PRESETS["tiny"], jax.random.key(0))
+    cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, warmup_steps=1, eval_every=4, eval_windows=2)
+    with pytest.raises(ValueError, match=f"resume: {ckpt / 'state.json'}: not valid JSON"):
+        head_mod.train_head(target, cfg, tmp_path / "run", resume=True, progress=False)
+
+
+# ----------------------------------------------------------------------------- distill --init
+
+def test_distill_init_with_another_config_names_the_flag(tmp_path, capsys):
+    """``distill --init DIR`` whose config differs from the requested draft: the differing
+    fields, by their flags, and ``--init`` with its value, which brought them."""
+    import dataclasses
+
+    import jax
+    from jaxspec.training.train import PRESETS
+
+    target = save_model(init_model(PRESETS["tiny"], jax.random.key(0)), tmp_path / "target")
+    other = dataclasses.replace(PRESETS["tiny"], num_hidden_layers=1, num_attention_heads=1, head_dim=None)
+    init = save_model(init_model(other, jax.random.key(1)), tmp_path / "init")
+    code = main(["distill", "--target", str(target), "--init", str(init), "--preset", "tiny", "--layers", "1",
+                 "--max-compute-ratio", "10", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+                 "--warmup-steps", "1", "--max-files", "2", "--no-progress", "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert f"--init {init}" in err, err
+    assert "--heads = 1 in --init, 2 requested" in err and "intermediate" not in err, err
+
+
+# ----------------------------------------------------------------------------- verify: too many cells
+
+@pytest.mark.parametrize("argv, needles", [
+    # a top-k above the vocabulary keeps every token: 4**12 cells
+    (["--top-k", "100", "--horizon", "12"],
+     ["--top-k 100 and --horizon 12", "4**12 = 16777216 joint cells", "more than 1048576"]),
+    (["--top-k", "3", "--horizon", "13"], ["--top-k 3 and --horizon 13", "3**13 = 1594323 joint cells"]),
+])
+def test_verify_refuses_too_many_cells_before_enumerating(monkeypatch, capsys, argv, needles):
+    """A top-k given: the check of ``vocab**horizon`` cells did not apply, and the exact
+    law was enumerated level by level (dense ``[rows, V]`` laws) until the kernel killed
+    it. ``min(top_k, V)**horizon`` is known from the flags: refused before enumerating."""
+    import jaxspec.exactness.harness as harness
+
+    def no_enumeration(*a, **k):
+        raise AssertionError("exact_law was called: the cell count was not checked first")
+
+    monkeypatch.setattr(harness, "exact_law", no_enumeration)
+    code = main(["verify", *argv, "--samples", "1000", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_verify_library_refuses_too_many_cells_with_a_top_k(monkeypatch):
+    import jaxspec
+    import jaxspec.exactness.harness as harness
+
+    monkeypatch.setattr(harness, "exact_law", lambda *a, **k: pytest.fail("exact_law was called"))
+    with pytest.raises(ValueError, match=r"top_k = 100, horizon = 12: 4\*\*12 = 16777216 joint cells"):
+        jaxspec.verify(top_k=100, horizon=12, num_samples=1000, progress=False)
