@@ -8,7 +8,8 @@ import pytest
 from _reference import reference_accept, reference_probabilities
 
 import jaxspec
-from jaxspec.core.acceptance import accept_probabilities, speculative_accept
+from jaxspec.core.rules import speculative_accept
+from jaxspec.core.token_rule import accept_probabilities
 from jaxspec.core.sampling import SCHEMES
 
 TREE = [-1, -1, 0, 0, 1, 2]
@@ -123,10 +124,10 @@ def test_path_choice_literal():
     """Which tests passed -> the accepted path, on the tree 0 -> {2, 3}, 1 -> {4}, 2 -> {5}
     (TREE) and on the chain of 4: the first passing sibling is followed, a later passing
     sibling and a passing node off the path do not count."""
-    from jaxspec.core import acceptance
+    from jaxspec.core import token_rule
     def choose(parents, passed):
         acc = jnp.asarray(passed, jnp.float32)
-        num, last, nodes = acceptance.choose_path(acceptance.tree_structure(parents), acc, jnp.full(acc.shape, 0.5))
+        num, last, nodes = token_rule.choose_path(token_rule.tree_structure(parents), acc, jnp.full(acc.shape, 0.5))
         return int(num), int(last), np.asarray(nodes).tolist()
 
     #                 node: 0  1  2  3  4  5
@@ -146,17 +147,17 @@ def test_path_choice_forms_agree(parents):
     trees) and by [N, N] masks (traced trees) are one function: 20,000 random test
     outcomes, including the all-pass and all-fail corners, give the same path all ways
     (the last tree is numbered depth-first: a depth's rows are not a contiguous range)."""
-    from jaxspec.core import acceptance
+    from jaxspec.core import token_rule
     n = len(parents)
     rng = np.random.default_rng(3)
     acc = rng.random((20000, n)) < rng.choice([0.1, 0.5, 0.9], size=(20000, 1))
     acc[:2] = [[True] * n, [False] * n]
     acc = jnp.asarray(acc)
-    static = acceptance.tree_structure(parents)
-    form = acceptance._choose_chain if static.children.shape[1] == 1 else acceptance._choose_by_depth
-    assert (form is acceptance._choose_chain) == (parents == list(range(-1, n - 1)))
-    got = jax.jit(jax.vmap(lambda a: acceptance.choose_path(static, a.astype(jnp.float32), jnp.full((n,), 0.5))))(acc)
-    ref = jax.jit(lambda par: jax.vmap(lambda a: acceptance._choose_by_masks(acceptance.tree_structure(par), a))(acc))(
+    static = token_rule.tree_structure(parents)
+    form = token_rule._choose_chain if static.children.shape[1] == 1 else token_rule._choose_by_depth
+    assert (form is token_rule._choose_chain) == (parents == list(range(-1, n - 1)))
+    got = jax.jit(jax.vmap(lambda a: token_rule.choose_path(static, a.astype(jnp.float32), jnp.full((n,), 0.5))))(acc)
+    ref = jax.jit(lambda par: jax.vmap(lambda a: token_rule._choose_by_masks(token_rule.tree_structure(par), a))(acc))(
         jnp.asarray(parents, jnp.int32))
     for g, r in zip(got, ref):
         np.testing.assert_array_equal(g, r)
@@ -188,16 +189,16 @@ def test_path_walk_matches_all_rows_form(scheme, fetch, monkeypatch):
     the siblings exhaust (without replacement: point-mass proposals). Both ways the walk
     gets the emitted row's p and q: carried from the step that stopped (small V) and
     fetched again (large V; forced here by lowering the threshold)."""
-    from jaxspec.core import acceptance
+    from jaxspec.core import token_rule
     if fetch == "refetched":
-        monkeypatch.setattr(acceptance, "_CARRY_ROWS_MAX_V", 0)
+        monkeypatch.setattr(token_rule, "_CARRY_ROWS_MAX_V", 0)
 
     par = [-1, -1, -1, 0, 0, 0, 1, 3, 3, 3, 3, 7]  # ranks up to 4, leaves at depths 1-4
-    st = acceptance.tree_structure(par)
-    assert acceptance._use_path_walk(st, scheme)
+    st = token_rule.tree_structure(par)
+    assert token_rule._use_path_walk(st, scheme)
     traced_choice = []
     jax.make_jaxpr(lambda a: traced_choice.append(
-        acceptance._use_path_walk(acceptance.tree_structure(a), scheme)))(jnp.asarray(par, jnp.int32))
+        token_rule._use_path_walk(token_rule.tree_structure(a), scheme)))(jnp.asarray(par, jnp.int32))
     assert traced_choice == [False]
     rng = np.random.default_rng(11)
     n, v = len(par), 200

@@ -42,7 +42,7 @@ from _reference import MUTANTS, reference_accept
 
 import jaxspec
 from jaxspec.core import sampling
-from jaxspec.core.acceptance import speculative_accept
+from jaxspec.core.rules import speculative_accept
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample
 

@@ -59,7 +59,8 @@ import pytest
 from _reference import reference_probabilities
 
 from jaxspec.core import numerics, sampling
-from jaxspec.core.acceptance import accept_probabilities, speculative_accept
+from jaxspec.core.rules import speculative_accept
+from jaxspec.core.token_rule import accept_probabilities
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness.stats import chisquare_gof
 

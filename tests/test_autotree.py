@@ -289,7 +289,7 @@ def test_timed_round_uses_the_rule_generate_uses(pair, monkeypatch):
     verification on a chain and the token rule on a branching tree, not the token rule's
     parts everywhere (the defect: a chain was timed with the token rule, then generated with
     block verification)."""
-    from jaxspec.core.acceptance import accept_core
+    from jaxspec.core.token_rule import accept_core
     from jaxspec.core.block import block_accept
     from jaxspec.core.traversal import traversal_accept
     from jaxspec.decode.generate import build_config

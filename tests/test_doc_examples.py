@@ -35,7 +35,7 @@ from _tiny import tiny_pair
 import jaxspec
 from jaxspec.tuning import autotree
 from jaxspec.exactness import stats
-from jaxspec.core.acceptance import speculative_accept
+from jaxspec.core.rules import speculative_accept
 from jaxspec.nn.config import ModelConfig
 from jaxspec.tuning.optimize import branching_widths, measure_acceptance, node_probabilities, optimize_tree
 from jaxspec.core.sampling import (

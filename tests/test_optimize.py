@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspec.core.acceptance import speculative_accept
+from jaxspec.core.rules import speculative_accept
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import forward_logits, init_model
 from jaxspec.tuning.optimize import (

@@ -25,7 +25,7 @@ import pytest
 from _ngram import count_joint, make_speculative_chain
 
 from jaxspec.core import sampling, traversal
-from jaxspec.core.acceptance import AcceptResult
+from jaxspec.core.rule_types import AcceptResult
 from jaxspec.core.block import block_accept
 from jaxspec.core.traversal import traversal_accept
 from jaxspec.exactness import rule_laws as R

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.acceptance import AcceptResult, accept_result
 from jaxspec.core.numerics import sum_last
+from jaxspec.core.rule_types import AcceptResult, accept_result
 from jaxspec.core.sampling import sample_categorical
 
 __all__ = ["block_accept", "block_emit", "block_weights", "block_stop_probabilities", "is_chain"]
@@ -82,7 +82,7 @@ def block_stop_probabilities(tokens, P, Q, scheme, w):
 
 def block_accept(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
     """Block verification of a chain (``parents = [-1, 0, ..., N - 2]``), with the
-    signature and conventions of :func:`jaxspec.core.acceptance.accept_core` (one row,
+    signature and conventions of :class:`jaxspec.core.rule_types.Rule` (one row,
     pure, no input checks). ``scheme`` says how each token was drawn: ``iid`` and
     ``without_replacement`` are the same on a chain (one child per row);
     ``deterministic`` means a point mass."""

@@ -1,7 +1,8 @@
-"""The verification rules and which (rule, scheme, tree) combinations each may take.
+"""The verification rules, which (rule, scheme, tree) combinations each may take, and
+:func:`speculative_accept`, which checks its inputs and runs the rule asked for.
 
-A rule is a function with the signature of the token-level rule
-:func:`jaxspec.core.acceptance.accept_core`::
+A rule (:class:`jaxspec.core.rule_types.Rule`) is a function with the signature of the
+token-level rule :func:`jaxspec.core.token_rule.accept_core`::
 
     rule(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
          draft_probs float32[N + 1, V], scheme: str) -> AcceptResult
@@ -39,14 +40,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jaxspec.core.acceptance import accept_core
+from jaxspec.checks import is_concrete
 from jaxspec.core.block import block_accept, is_chain
-from jaxspec.core.sampling import SCHEMES
+from jaxspec.core.rule_types import AcceptResult, check_inputs
+from jaxspec.core.sampling import SCHEMES, check_key
+from jaxspec.core.token_rule import accept_core
 from jaxspec.core.traversal import traversal_accept
 from jaxspec.core.treespec import DynamicTree, StaticTree
 
 __all__ = ["AUTO", "CHOICES", "RULES", "SUPPORTED", "check_rule", "resolve_rule", "rule_function", "rule_name",
-           "tree_kind"]
+           "speculative_accept", "tree_kind"]
 
 RULES = ("token", "block", "traversal")
 #: the automatic choice: block verification on a static chain, the token rule elsewhere
@@ -121,3 +124,48 @@ def rule_function(rule: str) -> Callable:
     if rule not in _FUNCTIONS:
         raise ValueError(f"rule = {rule!r}: expected one of {', '.join(_FUNCTIONS)}")
     return _FUNCTIONS[rule]
+
+
+def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, scheme: str,
+                       rule="token") -> AcceptResult:
+    """Accept a path of a draft tree and emit ``accepted + 1`` tokens, losslessly.
+
+    Args:
+      key: a ``jax.random.key``; split internally into one key for the per-node uniforms
+        and one for the residual/bonus draw.
+      parents: int32[N] tree (``parents[i] < i``, -1 = child of the root). A concrete array
+        (list, numpy) makes the tree a compile-time constant and is validated; a traced
+        array (dynamic trees) is used as data, unvalidated.
+      tokens: int32[N] the drafted token of each node.
+      target_probs: float32[N + 1, V] target law; row 0 at the root, row i + 1 after node i.
+      draft_probs: float32[N + 1, V] draft law the children of each row were drawn from
+        (after the same warps, in float32). Rows of leaves are not used.
+      scheme: ``"iid"``, ``"without_replacement"`` or ``"deterministic"``.
+      rule: the verification rule: ``"token"`` (token by token, every tree), ``"block"``
+        (block verification, chains), ``"traversal"``, or a function with the signature
+        of :func:`~jaxspec.core.token_rule.accept_core` (a :class:`~jaxspec.core.rule_types.Rule`;
+        :data:`SUPPORTED` lists the combinations each built-in rule is proved lossless on;
+        others are refused).
+
+    Returns:
+      :class:`AcceptResult`. Unbatched and pure: batch with ``jax.vmap`` over split keys.
+
+    Example (a chain of 2 where the draft equals the target accepts everything)::
+
+        p = jnp.full((3, 4), 0.25)
+        r = speculative_accept(jax.random.key(0), [-1, 0], jnp.array([1, 2]), p, p,
+                               scheme="iid")
+        # r.num_tokens == 3, r.tokens[:2] == [1, 2], r.tokens[2] = bonus token
+
+    Raises:
+      ValueError: for an unknown scheme, bad shapes or dtypes, out-of-range tokens, or
+        (when the arrays are concrete) probability rows that do not sum to 1.
+    """
+    key = check_key(key)
+    check_inputs(parents, tokens, target_probs, draft_probs, scheme)
+    if isinstance(rule, str) and rule == "token":
+        return accept_core(key, parents, tokens, target_probs, draft_probs, scheme)
+    if isinstance(rule, str) and not is_concrete(parents):
+        raise ValueError(f"rule = {rule!r}: needs concrete parents (a static tree); traced parents take rule='token'")
+    fn = check_rule(rule, scheme, parents)
+    return fn(key, parents, tokens, target_probs, draft_probs, scheme)

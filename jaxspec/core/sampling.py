@@ -286,7 +286,7 @@ class Warp:
 
     def __call__(self, logits, temperature):
         """float32[..., V] law: temperature, then top-k, then top-p
-        (:func:`jaxspec.warp_probs`; ``temperature == 0`` is greedy)."""
+        (:func:`warp_probs`; ``temperature == 0`` is greedy)."""
         return warp_probs(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p)
 
 
@@ -333,7 +333,7 @@ def sample_categorical(key, probs):
 def _check_row(probs, n: int, *, distinct: bool):
     """The draft row as float32[V]: shape and ``n`` always; when the row is concrete,
     finite, nonnegative entries summing to 1 within :func:`row_sum_tol`
-    (the tolerance :func:`~jaxspec.core.acceptance.speculative_accept` checks its rows with).
+    (the tolerance :func:`~jaxspec.core.rules.speculative_accept` checks its rows with).
     Traced rows (drafting under ``jit``/``vmap``) pass unvalidated."""
     p = jnp.asarray(probs, jnp.float32)
     if p.ndim != 1:

@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.core.acceptance import AcceptResult, accept_result, tree_structure
 from jaxspec.core.numerics import HIGHEST, accept_ratio, sum_last
+from jaxspec.core.rule_types import AcceptResult, accept_result, tree_structure
 from jaxspec.core.sampling import sample_categorical
 
 __all__ = ["traversal_accept", "traversal_with_update", "parent_alpha"]
@@ -58,7 +58,7 @@ __all__ = ["traversal_accept", "traversal_with_update", "parent_alpha"]
 
 def traversal_accept(key, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
     """Traversal verification of a static tree, with the signature and conventions of
-    :func:`jaxspec.core.acceptance.accept_core` (one tree, concrete ``parents``, pure, no
+    :class:`jaxspec.core.rule_types.Rule` (one tree, concrete ``parents``, pure, no
     input checks): ``target_probs[N + 1, V]`` row 0 at the root, row ``i + 1`` after node
     i; ``draft_probs[r]`` the law the children of row r were drawn from under ``scheme``
     (``"iid"``, ``"without_replacement"`` or ``"deterministic"``)."""

@@ -48,8 +48,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.core import sampling
-from jaxspec.core.acceptance import AcceptResult, accept_core
+from jaxspec.core.rule_types import AcceptResult
 from jaxspec.core.sampling import Warp
+from jaxspec.core.token_rule import accept_core
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import propose_dynamic, propose_static
 from jaxspec.decode.head_draft import HeadState, commit_head, propose_head

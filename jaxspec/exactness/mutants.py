@@ -42,17 +42,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.core import tree as treelib
-from jaxspec.core.acceptance import (
-    AcceptResult,
-    accept_core,
-    accept_result,
-    choose_path,
-    node_accept_probs,
-    row_residual,
-    tree_structure,
-)
 from jaxspec.core.block import block_emit, block_stop_probabilities, block_weights
 from jaxspec.core.numerics import accept_ratio, inverse_cdf
+from jaxspec.core.residual import node_accept_probs, row_residual
+from jaxspec.core.rule_types import AcceptResult, accept_result, tree_structure
+from jaxspec.core.token_rule import accept_core, choose_path
 from jaxspec.core.traversal import traversal_with_update
 from jaxspec.decode.round import RoundParts, commit_path
 

@@ -57,7 +57,7 @@ from flax import nnx
 from jaxspec.checks import is_int
 from jaxspec.core import sampling
 from jaxspec.core import tree as treelib
-from jaxspec.core.acceptance import accept_probabilities
+from jaxspec.core.token_rule import accept_probabilities
 from jaxspec.nn.model import forward_logits
 
 __all__ = [
