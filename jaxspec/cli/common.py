@@ -168,16 +168,26 @@ def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
     return p
 
 
-def load_flag_model(flag: str, name: str, *, draft: bool = False):
-    """``load_model(name)`` for a command's flag (``draft=True``: ``load_draft``, which
-    also loads a feature head); its errors name the flag that gave ``name`` (``--draft:
-    load_model: unknown model 'foo'; ...``)."""
+def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | None = None):
+    """``load_model(name, dtype=dtype)`` for a command's flag (``draft=True``: ``load_draft``,
+    which also loads a feature head); its errors name the flag that gave ``name`` (``--draft:
+    load_model: unknown model 'foo'; ...``), and a missing package (``gguf`` for a GGUF file)
+    says what to install."""
     from jaxspec.nn.checkpoint import load_draft, load_model
 
     try:
-        return (load_draft if draft else load_model)(name)
-    except (ValueError, FileNotFoundError) as e:
+        return (load_draft if draft else load_model)(name, dtype=dtype)
+    except (ValueError, FileNotFoundError, ImportError) as e:
         raise CLIError(f"{flag}: {e}") from None
+
+
+def is_gguf_source(name: str) -> bool:
+    """Whether the model ``name`` is a GGUF file: a packaged name (``smollm2-135m``,
+    :mod:`jaxspec.nn.packaged`) or a path to a ``.gguf`` file."""
+    from jaxspec.nn.gguf import is_gguf_file
+    from jaxspec.nn.packaged import is_packaged_name
+
+    return is_packaged_name(name) or is_gguf_file(name)
 
 
 def is_head_flag(flag: str, name: str) -> bool:
@@ -185,6 +195,8 @@ def is_head_flag(flag: str, name: str) -> bool:
     from jaxspec.nn.checkpoint import resolve_model_path
     from jaxspec.nn.head import is_head_folder
 
+    if is_gguf_source(name):  # a whole model in one file: never a head folder
+        return False
     try:
         return is_head_folder(resolve_model_path(name))
     except (ValueError, FileNotFoundError) as e:
@@ -201,6 +213,8 @@ def warn_if_head_for_another_target(flag: str, name: str, target, target_name: s
     from jaxspec.nn.checkpoint import resolve_model_path
     from jaxspec.nn.head import is_head_folder, recorded_target_digest, target_digest
 
+    if is_gguf_source(name):  # a GGUF file is a model, never a head
+        return False
     folder = resolve_model_path(name)
     recorded = recorded_target_digest(folder) if is_head_folder(folder) else None
     if recorded is None:
@@ -222,9 +236,14 @@ def resolve_tokenizer(flag: str, name: str):
     text into token ids (``generate``, ``verify``); errors are :class:`CLIError` naming
     ``flag`` and ``name``. :func:`check_tokenizer_fits` then checks it against the model."""
     from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, load_tokenizer
     from jaxspec.nn.tokenizer import ByteTokenizer
 
+    if is_gguf_source(name):  # the tokenizer and chat template the file carries
+        try:
+            return load_tokenizer(name)
+        except (ImportError, ValueError, OSError) as e:
+            raise CLIError(f"{flag} {name}: {e}") from None
     try:
         folder = resolve_model_path(name)
     except (ValueError, FileNotFoundError) as e:

@@ -52,6 +52,7 @@ from jaxspec.cli.common import (
     check_tokenizer_fits,
     command,
     flag_mesh,
+    is_gguf_source,
     is_head_flag,
     load_flag_model,
     mesh_flag,
@@ -72,6 +73,10 @@ DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only 
 DEFAULT_AUTO_MAX_DEPTH = 8
 DEFAULT_TURNS = 3  # timed turns of each mode for --compare and --tree auto's check
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
+DTYPES = ("float32", "bfloat16")
+# the dtype a GGUF target loads in without --dtype: the faster of the two for decoding on CPU
+# (benchmarks/gguf_smollm2.py measures both; benchmarks/README.md has the figures)
+GGUF_DEFAULT_DTYPE = "float32"
 
 # library argument names -> the flags that set them, in messages that reach the command line
 _FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
@@ -155,7 +160,14 @@ class _Stream:
 def generate_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.core.rules import CHOICES
 
-    p.add_argument("--prompt", required=True, type=utf8_text, help="prompt text (tokenized with the target's tokenizer.json, else as UTF-8 bytes)")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", type=utf8_text,
+                       help="raw prompt text (tokenized with the target's tokenizer: a GGUF file's, a folder's "
+                            "tokenizer.json, else UTF-8 bytes)")
+    given.add_argument("--chat", type=utf8_text, metavar="MESSAGE",
+                       help="a user message, put in the target's chat template (GGUF files and folders whose "
+                            "tokenizer has one) with the assistant's turn opened; generation stops at the "
+                            "model's end-of-turn token")
     p.add_argument("--max-new-tokens", type=_int, default=128, help="token budget (default 128)")
     p.add_argument(
         "--temperature", type=_float, default=DEFAULT_TEMPERATURE,
@@ -185,7 +197,12 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                    help="verification rule (default auto: block on a chain, token on other trees; block: chains; "
                         "traversal: static trees)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed, in [0, 2**32) (default 0)")
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"target model name or folder (default {DEFAULT_TARGET})")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"target model: an embedded or packaged name (e.g. smollm2-135m), a folder or a .gguf file "
+                        f"(default {DEFAULT_TARGET})")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help=f"parameter dtype of the models (default {GGUF_DEFAULT_DTYPE} for GGUF targets, measured "
+                        "faster on CPU: benchmarks/README.md; float32 otherwise)")
     p.add_argument("--draft", default=None,
                    help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target; "
                         "required with another --target, unless --baseline), or 'ngram' for prompt lookup "
@@ -286,6 +303,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         if not args.baseline:  # --baseline uses no scheme (its JSON reports none)
             args.scheme = resolve_scheme(args.scheme, args.tree, isinstance(tree, DynamicTree), DEFAULT_SCHEME)
         tok = resolve_tokenizer("--target", args.target)
+        dtype = args.dtype if args.dtype is not None else (GGUF_DEFAULT_DTYPE if is_gguf_source(args.target) else None)
         if not args.baseline and lookup is None:
             args.draft = _draft_name(args)
             if is_head_flag("--draft", args.draft):  # a head reads the target's embedding: its tokenizer
@@ -297,14 +315,13 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                                    f"{args.draft} pass one such as --tree chain:4")
             else:
                 _check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
-        ids = tok.encode(args.prompt)
-        if not ids:
-            raise CLIError("--prompt: expected a non-empty prompt")
-        target = load_flag_model("--target", args.target)
+        ids, prompt_text = _prompt_ids(args, tok)
+        shown = "" if args.chat is not None else prompt_text  # a chat prints the answer alone, not the template
+        target = load_flag_model("--target", args.target, dtype=dtype)
         if args.baseline:
             draft = None
         else:
-            draft = lookup if lookup is not None else load_flag_model("--draft", args.draft, draft=True)
+            draft = lookup if lookup is not None else load_flag_model("--draft", args.draft, draft=True, dtype=dtype)
             if lookup is None:
                 warn_if_head_for_another_target("--draft", args.draft, target, args.target)
         if draft is not None and lookup is None and draft.config.vocab_size != target.config.vocab_size:
@@ -382,7 +399,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                 out = jax.block_until_ready(call())  # compiles, and runs once silently
                 t_first = time.perf_counter() - t0
             if not args.json:
-                sys.stdout.write(args.prompt)
+                sys.stdout.write(shown)
                 sys.stdout.flush()
                 stream.enabled = True  # the timed run streams each round as it completes
             t0 = time.perf_counter()
@@ -397,6 +414,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         result = {
             "text": text,
             "prompt": args.prompt,
+            "chat": args.chat,  # the user message of --chat (then "prompt" is null)
+            "prompt_text": prompt_text,  # the text the ids encode: --prompt, or the rendered chat template
+            "dtype": target.config.dtype,
             "tokens": new_ids,  # "tokens" is always a list of ids; "num_tokens" (from s) the count
             "mode": "baseline" if baseline else "speculative",
             "draft": None if baseline else (lookup.spec if lookup is not None else args.draft),
@@ -423,7 +443,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             print(json.dumps(result))
         else:
             if paired:  # not streamed: the timed calls run without a host callback
-                sys.stdout.write(args.prompt + text + "\n")
+                sys.stdout.write(shown + text + "\n")
                 sys.stdout.flush()
                 timing = f"median of {turns} turns; first call with compilation {t_first:.1f} s"
             else:
@@ -441,6 +461,27 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         return 0
 
     return run
+
+
+def _prompt_ids(args, tok) -> tuple[list[int], str]:
+    """The prompt's token ids and the text they encode: ``--prompt`` as raw text, or
+    ``--chat``'s message rendered by the tokenizer's chat template with the assistant's turn
+    opened (the template's own special tokens, BOS included, as the model was trained)."""
+    if args.prompt is not None:
+        ids = tok.encode(args.prompt)
+        if not ids:
+            raise CLIError("--prompt: expected a non-empty prompt")
+        return ids, args.prompt
+    if not args.chat.strip():
+        raise CLIError("--chat: expected a non-empty message")
+    if getattr(tok, "chat_template", None) is None:
+        raise CLIError(f"--chat: the target {args.target} has no chat template (its tokenizer carries none); "
+                       "pass the raw text with --prompt")
+    messages = [{"role": "user", "content": args.chat}]
+    try:
+        return tok.encode_chat(messages), tok.apply_chat_template(messages, add_generation_prompt=True)
+    except ValueError as e:
+        raise CLIError(f"--chat: {e}") from None
 
 
 def _lookup_draft(args):
@@ -466,11 +507,13 @@ def _draft_name(args) -> str:
         return args.draft
     from jaxspec.nn.checkpoint import resolve_model_path
 
-    if resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve():
+    if not is_gguf_source(args.target) and (
+            resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve()):
         return DEFAULT_DRAFT
     raise CLIError(
-        f"--target {args.target}: expected a --draft for it (a draft model name or folder sharing its "
-        f"tokenizer), or --baseline for target-only sampling; {DEFAULT_DRAFT} drafts only for {DEFAULT_TARGET}"
+        f"--target {args.target}: expected a --draft for it (a draft model sharing its tokenizer, or "
+        f"'ngram' for prompt lookup, which needs no model), or --baseline for target-only sampling; "
+        f"{DEFAULT_DRAFT} drafts only for {DEFAULT_TARGET}"
     )
 
 

