@@ -243,15 +243,17 @@ def _import_time_module(line):
     [
         ("script", ["--help"], None, "jax."),  # the console script of [project.scripts]
         ("module", ["generate", "--prompt", "def f(x):"], "generate", "jax."),  # python -m jaxspec.cli
-        ("module", ["verify", "--samples", "1e12"], "verify", "flax."),  # later: JAX imported, flax not yet
+        # later: JAX half imported (import jaxspec imports nothing heavy and the command line
+        # imports flax only in the command, so JAX's import is the whole start)
+        ("module", ["verify", "--samples", "1e12"], "verify", "jax._src.lax"),
     ],
 )
 def test_ctrl_c_while_importing_exits_130_with_one_line(tmp_path, how, argv, command, at):
     """SIGINT while the command still imports jaxspec and JAX (before main() runs): status
     130 and the one line, no KeyboardInterrupt traceback. The moment is not a guess: with
     ``-X importtime`` (PYTHONPROFILEIMPORTTIME) each finished import prints a line, and the
-    signal goes out at the first line of a module under ``at`` (jaxspec/__init__ is running;
-    JAX's import, the first, has most of its second or so to go); the run counts only if
+    signal goes out at the first line of a module under ``at`` (jaxspec/cli/__init__ is
+    running; JAX's import, the first, has most of its second or so to go); the run counts only if
     ``jaxspec.cli.main`` had not been imported yet (else, rarely, it is retried)."""
     if how == "script":
         exe = os.path.join(os.path.dirname(sys.executable), "jaxspec")
@@ -291,12 +293,22 @@ def test_ctrl_c_while_importing_exits_130_with_one_line(tmp_path, how, argv, com
 
 
 def test_the_import_time_line_knows_every_command():
-    """jaxspec/__init__ names the command in its line from a list of its own (it must not
-    import jaxspec.cli): the subcommands of the command line."""
-    import jaxspec
+    """jaxspec/cli/__init__ names the command in its line from a list of its own (its
+    handler is in place before jaxspec.cli.main is imported): the subcommands of the
+    command line."""
+    from jaxspec.cli import COMMAND_NAMES
     from jaxspec.cli.main import COMMANDS
 
-    assert set(jaxspec._COMMAND_NAMES) == {c.name for c in COMMANDS}
+    assert COMMAND_NAMES == tuple(c.name for c in COMMANDS)
+
+
+def test_importing_the_command_line_leaves_sigint_alone():
+    """The start handler lasts only while jaxspec.cli imports; afterwards the process has
+    the handler it had (``main`` run as the program installs its own)."""
+    code = ("import signal, sys; before = signal.getsignal(signal.SIGINT); import jaxspec, jaxspec.cli; "
+            "assert signal.getsignal(signal.SIGINT) is before, signal.getsignal(signal.SIGINT); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 
 # ----------------------------------------------------------------------------- --prompt not UTF-8
@@ -365,9 +377,9 @@ def test_custom_target_needs_a_draft_or_baseline(capsys, tmp_path):
     target = _model(tmp_path / "t")
     code, out, err = _run(capsys, "generate", "--prompt", "x", "--target", target)
     assert code == 2 and out == ""
-    assert err == (f"jaxspec generate: error: --target {target}: expected a --draft for it (a draft model name "
-                   "or folder sharing its tokenizer), or --baseline for target-only sampling; default-draft "
-                   "drafts only for default-target\n")
+    assert err == (f"jaxspec generate: error: --target {target}: expected a --draft for it (a draft model sharing "
+                   "its tokenizer, or 'ngram' for prompt lookup, which needs no model), or --baseline for "
+                   "target-only sampling; default-draft drafts only for default-target\n")
     assert "--draft default-draft" not in err
     # with --baseline no draft is needed: the next check (the context) is reached, before compiling
     code, out, err = _run(capsys, "generate", "--prompt", "x", "--target", target, "--baseline",

@@ -2,7 +2,7 @@
 
 import sys
 
-from jaxspec.cli.main import main
+from jaxspec.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

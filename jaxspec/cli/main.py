@@ -75,8 +75,9 @@ def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COM
     returns 130 instead and leaves the SIGINT handler alone.
 
     Before ``main`` runs, while the ``jaxspec`` script or ``python -m jaxspec.cli`` imports
-    jaxspec and JAX (seconds), ``jaxspec/__init__.py`` has installed a handler to the same
-    effect (the line, ``os._exit(130)``); ``main`` replaces it.
+    the command line and JAX (seconds), ``jaxspec/cli/__init__.py`` keeps a handler to the
+    same effect (the line, ``os._exit(130)``) for the length of its imports; ``import
+    jaxspec`` itself installs nothing.
     """
     if exit_on_interrupt is None:
         exit_on_interrupt = argv is None
