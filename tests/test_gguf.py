@@ -8,7 +8,6 @@ SmolLM2-135M-Instruct file loads (its logits and greedy text against ``transform
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,10 +19,10 @@ from safetensors.numpy import save_file  # noqa: E402
 
 import jaxspec.nn.gguf as jgguf  # noqa: E402
 from _gguf_writer import TYPES, llama_permute, write_gguf  # noqa: E402
-from jaxspec.nn.checkpoint import config_to_hf, hf_state_dict, load_draft, load_model, resolve_model_path  # noqa: E402
+from jaxspec.nn.checkpoint import config_to_hf, load_draft, load_model, resolve_model_path  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
 from jaxspec.nn.gguf import gguf_config, is_gguf_file, load_gguf, undo_llama_permute  # noqa: E402
-from jaxspec.nn.model import Transformer, forward_logits, init_model  # noqa: E402
+from jaxspec.nn.model import Transformer, forward_logits  # noqa: E402
 
 # hidden and intermediate sizes are multiples of 256: the K-quants' row length
 SIZES = dict(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -46,7 +45,19 @@ def _logits(model) -> np.ndarray:
 def _hf_tensors(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """HF-named random weights of ``cfg``, scaled so that logits are far from uniform."""
     rng = np.random.default_rng(seed)
-    shapes = {k: v.shape for k, v in hf_state_dict(init_model(cfg, jax.random.key(0))).items()}
+    d, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (v, d)
+    for n in range(cfg.num_hidden_layers):
+        layer = {"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+                 "self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
+                 "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q),
+                 "mlp.gate_proj.weight": (i, d), "mlp.up_proj.weight": (i, d), "mlp.down_proj.weight": (d, i)}
+        if cfg.attention_bias:
+            layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+        shapes.update({f"model.layers.{n}.{k}": s for k, s in layer.items()})
     return {k: (1 + 0.1 * rng.standard_normal(s) if k.endswith("norm.weight") else 0.08 * rng.standard_normal(s))
             .astype(np.float32) for k, s in shapes.items()}
 
@@ -109,8 +120,8 @@ def test_undo_llama_permute_literal():
 
 def test_permutation_is_undone_for_llama_only(tmp_path, monkeypatch):
     """Dropping the un-permute for llama, or applying it to qwen2, changes the logits."""
-    _, llama, llama_folder = _write(tmp_path, "llama", sizes=SMALL)
-    _, qwen, qwen_folder = _write(tmp_path, "qwen2", sizes=SMALL)
+    _, llama, llama_folder = _write(tmp_path, "llama")
+    _, qwen, qwen_folder = _write(tmp_path, "qwen2")
     want_llama, want_qwen = _logits(load_model(llama_folder)), _logits(load_model(qwen_folder))
     np.testing.assert_allclose(_logits(load_gguf(llama)), want_llama, atol=ATOL, rtol=0)
     np.testing.assert_allclose(_logits(load_gguf(qwen)), want_qwen, atol=ATOL, rtol=0)
@@ -235,19 +246,49 @@ def test_logits_match_transformers_gguf_loader(tmp_path, family):
     assert err <= ATOL, f"{family}: jaxspec and transformers' GGUF loader differ by {err:.3g}"
 
 
+# ----------------------------------------------------------------------------- memory
+def test_loads_tensor_by_tensor(tmp_path):
+    """Host memory while loading: the float32 temporaries of one tensor at a time, never a
+    float32 copy of the whole model (numpy allocations, traced; the model's arrays are JAX's)."""
+    import tracemalloc
+
+    cfg, path, _ = _write(tmp_path, "llama", "Q8_0", sizes=dict(SIZES, num_hidden_layers=4))
+    tracemalloc.start()
+    try:
+        model = load_gguf(path)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    total = 4 * cfg.num_params()  # bytes of the model in float32
+    largest = 4 * cfg.hidden_size * max(cfg.intermediate_size, cfg.vocab_size)
+    assert peak < total / 2 and peak < 8 * largest, f"peak {peak} B while loading {total} B of float32 weights"
+    assert current < total / 4, f"{current} B of numpy arrays left after loading"  # (and caches of JAX's tracing)
+    assert isinstance(model, Transformer)
+
+
 # ----------------------------------------------------------------------------- the real file
-def test_packaged_smollm2():
+def _smollm2_path():
     from jaxspec.nn.packaged import packaged_file
 
     try:
-        path = packaged_file("smollm2-135m")
+        return packaged_file("smollm2-135m")
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+def test_packaged_smollm2_config():
+    path = _smollm2_path()
     assert resolve_model_path("smollm2-135m") == path
     cfg = gguf_config(path)
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 576, 9, 3)
     assert (cfg.vocab_size, cfg.tie_word_embeddings, cfg.rope_theta, cfg.eos_token_id) == (49152, True, 100000.0, 2)
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps, cfg.max_position_embeddings) == (64, 1536, 1e-5, 8192)
+
+
+def test_packaged_smollm2_loads():
+    """The whole file (Q4_1 and Q8_0 tensors) through load_model; finite, non-flat logits."""
+    _smollm2_path()
     model = load_model("smollm2-135m")
-    assert model.config == cfg
+    assert model.config == gguf_config(_smollm2_path())
     logits = np.asarray(forward_logits(model, jnp.asarray([[1, 9690, 198, 2683, 314, 253]], jnp.int32)))
     assert logits.shape == (1, 6, 49152) and np.isfinite(logits).all() and logits.std() > 1.0

@@ -78,8 +78,10 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
         return False
     p = Path(os.fspath(path)).expanduser()
     try:
+        if not p.is_file():
+            return False
         with open(p, "rb") as f:
-            return p.is_file() and f.read(4) == _MAGIC
+            return f.read(4) == _MAGIC
     except OSError:
         return False
 
@@ -139,7 +141,7 @@ def _check_window(arch: str, meta: Mapping[str, Any], max_context: int | None) -
     window = meta.get(f"{arch}.attention.sliding_window")
     if window is None:
         return
-    ctx = max_context if max_context is not None else meta[f"{arch}.context_length"]
+    ctx = max_context if max_context is not None else _require(meta, f"{arch}.context_length")
     if window < ctx:
         hint = (f"pass max_context <= {window} to use it with at most {window} tokens" if max_context is None
                 else f"max_context = {max_context} exceeds it; use max_context <= {window}")
