@@ -30,6 +30,106 @@ def _python(code: str, *, env: dict | None = None) -> subprocess.CompletedProces
                           cwd=HERE)
 
 
+# ----------------------------------------------------------------------------- --mesh: too many devices
+
+def test_mesh_flag_refuses_more_host_devices_than_the_limit():
+    """``--mesh data=1000`` on a CPU machine: the command line made 1000 host devices and
+    XLA aborted while compiling for them (exit -6, or the kernel killed it). It makes at
+    most :func:`jaxspec.nn.sharding.host_device_limit` itself, and refuses the mesh with
+    the count of devices available, exit 2."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # the command line sets the host device count --mesh needs
+    probe = textwrap.dedent("""
+        import jax
+        from jaxspec.cli.common import CLIError, flag_mesh
+        try:
+            flag_mesh({"data": 1000})
+            print("made", jax.device_count())
+        except CLIError as e:
+            print("refused", jax.device_count(), e)
+    """)
+    r = _python(probe, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.strip().splitlines()[-1]
+    assert out.startswith("refused"), out
+    from jaxspec.nn.sharding import host_device_limit
+
+    limit = host_device_limit()
+    assert out.split()[1] == str(limit)  # no more host devices than the limit were made
+    assert "--mesh data=1000,model=1" in out and f"1000 devices; {limit} visible" in out, out
+    assert "XLA_FLAGS" in out, out  # how to ask for more
+
+
+def test_cli_refuses_a_mesh_of_more_host_devices_than_the_limit():
+    """The whole command: exit 2 and one line with the count of devices available."""
+    from jaxspec.nn.sharding import host_device_limit
+
+    limit = host_device_limit()
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    r = subprocess.run([sys.executable, "-m", "jaxspec.cli", "generate", "--prompt", "x", "--mesh", "data=1000"],
+                       capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert f"1000 devices; {limit} visible" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- jax.make_mesh
+
+_JAX_MESH = textwrap.dedent("""
+    import json
+    import jax
+    import numpy as np
+    import jaxspec
+    from _tiny import tiny_pair
+
+    t, d = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1, head_scale=4.0)
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    kw = dict(max_new_tokens=6, temperature=1.0, stop_tokens=())
+
+    def tokens(fn):
+        try:
+            return np.asarray(fn().tokens).tolist()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            return f"{type(e).__name__}: {e}"[:400]
+
+    def spec(mesh):
+        return tokens(lambda: jaxspec.generate(jax.random.key(7), t, d, prompts, tree="chain:2", mesh=mesh, **kw))
+
+    def ar(mesh):
+        return tokens(lambda: jaxspec.generate_autoregressive(jax.random.key(7), t, prompts, mesh=mesh, **kw))
+
+    explicit = jax.make_mesh((2, 2), ("data", "model"))
+    out = {"axis_types": [str(a) for a in explicit.axis_types],
+           "spec": {"one": spec(None), "jaxspec": spec(jaxspec.make_mesh(2, 2)), "jax": spec(explicit)},
+           "ar": {"one": ar(None), "jaxspec": ar(jaxspec.make_mesh(2, 2)), "jax": ar(explicit)}}
+    try:
+        jaxspec.generate(jax.random.key(7), t, d, prompts, mesh=jax.make_mesh((2, 2), ("rows", "model")), **kw)
+        out["bad_names"] = None
+    except ValueError as e:
+        out["bad_names"] = str(e)
+    print(json.dumps(out))
+""")
+
+
+def test_jax_make_mesh_gives_the_one_device_tokens():
+    """``jax.make_mesh`` (explicit axis types in jax 0.10) failed inside the decode loop
+    with a ``ShardingTypeError``; ``generate`` and ``generate_autoregressive`` now give the
+    one-device tokens on it, as on ``jaxspec.make_mesh``. Other axis names are refused,
+    naming the expected ones."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    r = _python(_JAX_MESH, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "Explicit" in res["axis_types"][0]  # the kind of mesh the issue is about
+    for mode in ("spec", "ar"):
+        got = res[mode]
+        assert isinstance(got["one"], list), got["one"]
+        assert got["jaxspec"] == got["one"], (mode, got["jaxspec"])
+        assert got["jax"] == got["one"], (mode, got["jax"])
+    assert "axis names ('rows', 'model')" in res["bad_names"], res["bad_names"]
+    assert "expected 'data', 'model' or both" in res["bad_names"], res["bad_names"]
+
+
 # ----------------------------------------------------------------------------- train --resume, damaged
 
 _TRAIN = ["train", "--preset", "tiny", "--steps", "4", "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "1",

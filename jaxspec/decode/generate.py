@@ -687,7 +687,7 @@ def _check_mesh(mesh, target, draft) -> Mesh | None:
     """``mesh`` validated against the models it splits (None stays None)."""
     if mesh is None:
         return None
-    sharding.check_mesh(mesh)
+    mesh = sharding.check_mesh(mesh)  # jax.make_mesh's Explicit axes made Auto
     sharding.check_model_on_mesh("target", target.config, mesh)
     if draft is not None:
         sharding.check_model_on_mesh("draft", draft.config, mesh)

@@ -52,12 +52,13 @@ the same (the rule is exact for any logits the target computes).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxspec.checks import is_int
@@ -70,6 +71,7 @@ __all__ = [
     "AXES",
     "make_mesh",
     "parse_mesh",
+    "host_device_limit",
     "check_mesh",
     "full_mesh",
     "mesh_shape",
@@ -118,6 +120,15 @@ def parse_mesh(spec: str) -> dict[str, int]:
     return sizes
 
 
+def host_device_limit() -> int:
+    """The most host (CPU) devices the command line makes for ``--mesh``: ``max(8, CPU
+    cores)``. Host devices are threads of one process on the same cores, for testing a
+    mesh, not for speed; each costs memory when a program is compiled for it, and a
+    thousand made XLA abort or the kernel kill the process. More can still be asked for
+    with ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` set before JAX starts."""
+    return max(8, os.cpu_count() or 1)
+
+
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence | None = None) -> Mesh:
     """A ``(data, model)`` mesh over the first ``data * model`` of ``devices`` (default
     ``jax.devices()``, all hosts), devices of one ``model`` group adjacent (the axis with
@@ -137,8 +148,15 @@ def make_mesh(data: int = 1, model: int = 1, devices: Sequence | None = None) ->
 
 
 def check_mesh(mesh) -> Mesh:
-    """``mesh`` if it is a :class:`jax.sharding.Mesh` whose axes are among ``("data",
-    "model")``; else ``ValueError``."""
+    """``mesh`` as jaxspec places arrays on it, if it is a :class:`jax.sharding.Mesh`
+    whose axes are among ``("data", "model")``; else ``ValueError`` naming the expected
+    axes.
+
+    The mesh returned has the same devices and axis names, every axis of type ``Auto``:
+    ``jax.make_mesh`` makes ``Explicit`` axes by default (jax >= 0.7), under which array
+    types carry their sharding and ``jnp`` indexing of a split operand by split indices
+    asks for an ``out_sharding``; jaxspec places its arrays by ``NamedSharding`` and
+    sharding constraints, the ``Auto`` way (:func:`make_mesh` makes ``Auto`` axes)."""
     if not isinstance(mesh, Mesh):
         raise ValueError(
             f"mesh = {mesh!r}: expected a jax.sharding.Mesh (e.g. jaxspec.make_mesh(data=2, model=4))"
@@ -149,7 +167,9 @@ def check_mesh(mesh) -> Mesh:
             f"mesh: axis names {tuple(mesh.axis_names)}; expected 'data', 'model' or both "
             "(rows are split over 'data', parameters over 'model')"
         )
-    return mesh
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
 def full_mesh(mesh: Mesh) -> Mesh:
