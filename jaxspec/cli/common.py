@@ -109,16 +109,22 @@ def flag_mesh(sizes: dict[str, int] | None):
     splits the host platform, which the mesh does not use)."""
     if sizes is None:
         return None
+    from jaxspec.nn.sharding import host_device_limit, make_mesh  # JAX imported, its backends not started
+
     data, model = sizes.get("data", 1), sizes.get("model", 1)
     flag = "--xla_force_host_platform_device_count"
+    limit = None
     if flag not in os.environ.get("XLA_FLAGS", ""):  # read when the CPU backend starts, not at import
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={data * model}".strip()
-    from jaxspec.nn.sharding import make_mesh
-
+        # at most host_device_limit(): a thousand host devices made XLA abort compiling for them
+        limit = host_device_limit()
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={min(data * model, limit)}".strip()
     try:
         return make_mesh(data=data, model=model)
     except ValueError as e:
-        raise CLIError(f"--mesh data={data},model={model}: {str(e).removeprefix('make_mesh: ')}") from None
+        msg = f"--mesh data={data},model={model}: {str(e).removeprefix('make_mesh: ')}"
+        if limit is not None and data * model > limit and "on CPU" in msg:  # the host devices were the mesh's
+            msg += f" (without XLA_FLAGS, --mesh makes at most {limit} host devices: max(8, CPU cores))"
+        raise CLIError(msg) from None
 
 
 def utf8_text(s: str) -> str:
