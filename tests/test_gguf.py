@@ -230,12 +230,13 @@ def test_refuses_non_gguf_paths(tmp_path):
 
 
 # ----------------------------------------------------------------------------- transformers
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_logits_match_transformers_gguf_loader(tmp_path, family):
     """transformers' GGUF loader (dequantizing with gguf and un-permuting Q/K itself) on the
     same file gives jaxspec's logits within 1e-4 (float32)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers' GGUF loading goes through it
     _, path, _ = _write(tmp_path, family, "Q8_0", sizes=SMALL)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
     with torch.no_grad():
