@@ -641,7 +641,8 @@ CLI_SNAPSHOT = {
     "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),
     "generate": ([
-        "--auto-budgets", "--auto-max-depth", "--baseline", "--compare", "--draft", "--help", "--json",
+        "--auto-budgets", "--auto-max-depth", "--baseline", "--chat", "--compare", "--draft", "--dtype", "--help",
+        "--json",
         "--max-new-tokens", "--mesh", "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed",
         "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns", "-h",
     ], []),
