@@ -100,9 +100,11 @@ def _first_difference_is_a_near_tie(ours, prompt, got: list[int], want: list[int
 @pytest.fixture(scope="module")
 def hf_greedy(hf, prompt) -> list[int]:
     _, model = hf
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                             eos_token_id=None, pad_token_id=2)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():  # an explicit attention mask: inferred from the pad id (2, <|im_end|>), it would
+        # hide the template's own <|im_end|> tokens from the model
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+                             do_sample=False, eos_token_id=None, pad_token_id=2)
     toks = out[0, len(prompt):].tolist()
     assert len(toks) == NEW
     return toks
@@ -137,27 +139,23 @@ def _cli(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_cli_chat_applies_the_template_and_stops_at_end_of_turn(capsys, hf):
-    code, out, err = _cli(capsys, "--chat", "What is the capital of France? Answer in one word.",
-                          "--draft", "ngram", "--temperature", "0", "--max-new-tokens", "32", "--json")
-    assert code == 0, err
+def test_cli_chat_applies_the_template_stops_at_end_of_turn_and_compares(capsys, hf):
+    """One run of both modes (each compile of the 30-layer model costs about a minute on CI)."""
     import json
 
+    code, out, err = _cli(capsys, "--chat", "What is the capital of France? Answer in one word.",
+                          "--draft", "ngram", "--temperature", "0", "--max-new-tokens", "32", "--compare",
+                          "--turns", "1", "--json")
+    assert code == 0, err
     r = json.loads(out)
     tok, _ = hf
     want = tok.apply_chat_template([{"role": "user", "content": r["chat"]}], add_generation_prompt=True,
                                    tokenize=False)
     assert r["prompt"] is None and r["prompt_text"] == want
-    assert r["draft"] == "ngram" and r["mode"] == "speculative" and r["stop_tokens"] == [2]
+    assert r["draft"].startswith("ngram") and r["mode"] == "speculative" and r["stop_tokens"] == [2]
     assert r["tokens"][-1] == 2 and r["num_tokens"] < 32, r  # stopped at <|im_end|>
     assert "Paris" in r["text"], r["text"]
-
-
-def test_cli_compare_on_chat_gives_the_same_tokens_at_temperature_0(capsys):
-    code, out, err = _cli(capsys, "--chat", "List three colours.", "--draft", "ngram", "--temperature", "0",
-                          "--max-new-tokens", "24", "--compare", "--turns", "1")
-    assert code == 0, err
-    assert "same tokens: yes" in err, err
+    assert r["compare"]["same_tokens"] is True, r["compare"]  # greedy: speculative == target-only
 
 
 @pytest.mark.parametrize("argv, needle", [
