@@ -187,18 +187,10 @@ def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | N
         raise CLIError(f"{flag}: {e}") from None
 
 
-def is_gguf_source(name: str) -> bool:
-    """Whether the model ``name`` is a GGUF file: a packaged name (``smollm2-135m``,
-    :mod:`jaxspec.nn.packaged`) or a path to a ``.gguf`` file."""
-    from jaxspec.nn.gguf import is_gguf_file
-    from jaxspec.nn.packaged import is_packaged_name
-
-    return is_packaged_name(name) or is_gguf_file(name)
-
-
 def is_head_flag(flag: str, name: str) -> bool:
     """Whether the model ``name`` that ``flag`` gave is a feature draft head."""
     from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.gguf import is_gguf_source
     from jaxspec.nn.head import is_head_folder
 
     if is_gguf_source(name):  # a whole model in one file: never a head folder
@@ -217,6 +209,7 @@ def warn_if_head_for_another_target(flag: str, name: str, target, target_name: s
     import sys
 
     from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.gguf import is_gguf_source
     from jaxspec.nn.head import is_head_folder, recorded_target_digest, target_digest
 
     if is_gguf_source(name):  # a GGUF file is a model, never a head
@@ -242,6 +235,7 @@ def resolve_tokenizer(flag: str, name: str):
     text into token ids (``generate``, ``verify``); errors are :class:`CLIError` naming
     ``flag`` and ``name``. :func:`check_tokenizer_fits` then checks it against the model."""
     from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.gguf import is_gguf_source
     from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, load_tokenizer
     from jaxspec.nn.tokenizer import ByteTokenizer
 

@@ -52,7 +52,6 @@ from jaxspec.cli.common import (
     check_tokenizer_fits,
     command,
     flag_mesh,
-    is_gguf_source,
     is_head_flag,
     load_flag_model,
     mesh_flag,
@@ -244,6 +243,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
             generate_autoregressive,
             resolve_stop_tokens,
         )
+        from jaxspec.nn.gguf import is_gguf_source
         from jaxspec.nn.tokenizer import ByteTokenizer
 
         if args.max_new_tokens < 1:
@@ -506,6 +506,7 @@ def _draft_name(args) -> str:
     if args.draft is not None:
         return args.draft
     from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.gguf import is_gguf_source
 
     if not is_gguf_source(args.target) and (
             resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve()):

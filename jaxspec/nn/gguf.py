@@ -51,6 +51,7 @@ __all__ = [
     "GGUF_ARCHITECTURES",
     "QK_PERMUTED_ARCHITECTURES",
     "is_gguf_file",
+    "is_gguf_source",
     "gguf_config",
     "load_gguf",
     "undo_llama_permute",
@@ -84,6 +85,18 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
             return f.read(4) == _MAGIC
     except OSError:
         return False
+
+
+def is_gguf_source(name_or_path) -> bool:
+    """Whether ``name_or_path`` names a GGUF model: a packaged name (``"smollm2-135m"``,
+    :mod:`jaxspec.nn.packaged`), an existing GGUF file (:func:`is_gguf_file`), or a path ending
+    in ``.gguf`` (which the GGUF readers then refuse by name if it is missing)."""
+    from jaxspec.nn.packaged import is_packaged_name
+
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        return False
+    return (is_packaged_name(name_or_path) or is_gguf_file(name_or_path)
+            or os.fspath(name_or_path).lower().endswith(".gguf"))
 
 
 # ----------------------------------------------------------------------------- metadata

@@ -47,7 +47,6 @@ from jaxspec.nn.hf_tokenizer import HFTokenizer
 __all__ = [
     "GGUFTokenizer",
     "load_gguf_tokenizer",
-    "is_gguf_path",
     "PRE_TOKENIZER_SPLITS",
     "TOKENIZER_MODELS",
     "GGUF_INSTALL_HINT",
@@ -100,20 +99,6 @@ def _import(name: str):
         return importlib.import_module(name)
     except ImportError:
         raise ImportError(f"reading a GGUF file's tokenizer needs the {name!r} package; {GGUF_INSTALL_HINT}") from None
-
-
-def is_gguf_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names a GGUF file: a ``.gguf`` name, or an existing file starting with ``GGUF``."""
-    if not isinstance(path, (str, os.PathLike)):
-        return False
-    p = Path(os.fspath(path)).expanduser()
-    if p.suffix.lower() == ".gguf":
-        return True
-    try:
-        with open(p, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:  # missing, a folder, unreadable
-        return False
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:

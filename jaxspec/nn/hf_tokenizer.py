@@ -139,10 +139,11 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes); the
     :class:`~jaxspec.nn.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
     packaged name such as ``"smollm2-135m"``). ``FileNotFoundError`` otherwise."""
-    from jaxspec.nn.gguf_tokenizer import is_gguf_path, load_gguf_tokenizer  # imports no GGUF package itself
+    from jaxspec.nn.gguf import is_gguf_source
+    from jaxspec.nn.gguf_tokenizer import load_gguf_tokenizer  # imports no GGUF package itself
     from jaxspec.nn.packaged import is_packaged_name, packaged_file
 
-    if is_packaged_name(name_or_path) or is_gguf_path(name_or_path):
+    if is_gguf_source(name_or_path):
         return load_gguf_tokenizer(packaged_file(name_or_path) if is_packaged_name(name_or_path) else name_or_path)
     from jaxspec.nn.checkpoint import resolve_model_path
 
