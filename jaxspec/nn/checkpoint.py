@@ -44,7 +44,6 @@ Nothing here touches the network: folders are read from local disk only.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -64,6 +63,7 @@ from jaxspec.nn.gguf import is_gguf_file, load_gguf
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
 from jaxspec.nn.packaged import is_packaged_name, packaged_file, packaged_models
+from jaxspec.nn.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
     "ARCHITECTURES",
@@ -83,7 +83,6 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-_DTYPES = ("float32", "bfloat16")
 # safetensors dtypes load_model reads (converted to the model's dtype)
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Tensors some HF checkpoints carry that this model recomputes: skipped on load.
@@ -264,28 +263,20 @@ def config_from_hf(
     attention window (Mistral, Qwen2 with ``use_sliding_window``) and, when given, caps
     ``max_position_embeddings`` so longer sequences are refused at generation time.
     """
-    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1):
-        raise ValueError(f"load_model: max_context = {max_context!r}; expected a positive integer or None")
+    dtype = check_load_args("load_model", dtype, max_context)
     archs = cfg.get("architectures") or ["LlamaForCausalLM"]
     if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
         raise ValueError(
             f"load_model: {source}: architectures = {archs!r} is not supported; "
             f"expected one of {sorted(ARCHITECTURES)}"
         )
-    dtype = "float32" if dtype is None else dtype
-    if not isinstance(dtype, str):
-        dtype = jnp.dtype(dtype).name
-    if dtype not in _DTYPES:
-        raise ValueError(f"load_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
     try:
         kwargs = ARCHITECTURES[archs[0]](cfg, max_context)
         kwargs["dtype"] = dtype
         config = ModelConfig.from_dict(kwargs)
     except ValueError as e:
         raise ValueError(f"load_model: {source}: {e}") from None
-    if max_context is not None and max_context < config.max_position_embeddings:
-        config = dataclasses.replace(config, max_position_embeddings=max_context)
-    return config
+    return cap_context(config, max_context)
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -334,8 +325,8 @@ def save_model(
     if not isinstance(model, Transformer):
         raise ValueError(f"save_model: model is a {type(model).__name__}; expected a jaxspec Transformer")
     dtype = model.config.dtype if dtype is None else (dtype if isinstance(dtype, str) else jnp.dtype(dtype).name)
-    if dtype not in _DTYPES:
-        raise ValueError(f"save_model: dtype = {dtype!r}; expected one of {_DTYPES} or None")
+    if dtype not in LOAD_DTYPES:
+        raise ValueError(f"save_model: dtype = {dtype!r}; expected one of {LOAD_DTYPES} or None")
     if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or max_shard_bytes < 1):
         raise ValueError(f"save_model: max_shard_bytes = {max_shard_bytes!r}; expected a positive integer or None")
     folder = Path(path)
@@ -443,20 +434,8 @@ def load_model(
     )
     files = _weight_files(folder)
 
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    expected = {}  # HF name -> (state path, transpose, expected HF shape)
-    for path, var in nnx.to_flat_state(state):
-        name, transpose = _hf_name(path)
-        shape = tuple(var.get_value().shape)
-        expected[name] = (path, transpose, shape[::-1] if transpose else shape)
-
-    missing = [n for n in expected if n not in files]
-    if missing:
-        raise ValueError(
-            f"load_model: {folder}: missing tensor {missing[0]!r}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
+    graphdef, state, expected = expected_tensors(config, _hf_name)  # HF name -> TensorSlot
+    check_tensor_names(f"load_model: {folder}", expected, files)
     unexpected = [
         n for n in files
         if n not in expected and not _IGNORED_TENSORS.match(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
@@ -505,14 +484,7 @@ def load_model(
                     )
                 values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
 
-    pure = nnx.to_pure_dict(state)
-    for path, value in values.items():
-        node = pure
-        for p in path[:-1]:
-            node = node[p]
-        node[path[-1]] = value
-    nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+    return assemble(graphdef, state, values)
 
 
 def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,

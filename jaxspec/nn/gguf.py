@@ -33,7 +33,6 @@ Needs the ``gguf`` package (``pip install 'jaxspec[gguf]'``); :func:`is_gguf_fil
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,10 +41,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer
+from jaxspec.nn.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -58,7 +57,6 @@ __all__ = [
 ]
 
 _MAGIC = b"GGUF"
-_DTYPES = ("float32", "bfloat16")
 # jaxspec module name -> llama.cpp tensor name part
 _MODULES = {
     "input_layernorm": "attn_norm",
@@ -226,20 +224,6 @@ def _reader(path_or_reader, fn: str):
         raise ValueError(f"{fn}: {path} is not a valid GGUF file: {e}") from None
 
 
-def _check_args(fn: str, dtype, max_context) -> str:
-    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1):
-        raise ValueError(f"{fn}: max_context = {max_context!r}; expected a positive integer or None")
-    dtype = "float32" if dtype is None else dtype
-    if not isinstance(dtype, str):
-        try:
-            dtype = jnp.dtype(dtype).name
-        except TypeError:
-            pass
-    if dtype not in _DTYPES:
-        raise ValueError(f"{fn}: dtype = {dtype!r}; expected one of {_DTYPES} or None")
-    return dtype
-
-
 def gguf_config(path_or_reader, *, dtype: str | None = None, max_context: int | None = None) -> ModelConfig:
     """The :class:`ModelConfig` of a GGUF file (a path or an open ``gguf.GGUFReader``).
 
@@ -252,7 +236,7 @@ def gguf_config(path_or_reader, *, dtype: str | None = None, max_context: int | 
 
 
 def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
-    dtype = _check_args(fn, dtype, max_context)
+    dtype = check_load_args(fn, dtype, max_context)
     reader, path = _reader(path_or_reader, fn)
     meta = _metadata(reader)
     arch = meta.get("general.architecture")
@@ -282,9 +266,7 @@ def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
         )
     except ValueError as e:
         raise ValueError(f"{fn}: {path}: {e}") from None
-    if max_context is not None and max_context < config.max_position_embeddings:
-        config = dataclasses.replace(config, max_position_embeddings=max_context)
-    return config
+    return cap_context(config, max_context)
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -325,25 +307,14 @@ def load_gguf(path: str | os.PathLike, *, dtype: str | None = None, max_context:
     import gguf.quants
 
     fn = "load_gguf"
-    _check_args(fn, dtype, max_context)  # the arguments before the file
+    check_load_args(fn, dtype, max_context)  # the arguments before the file
     reader, file = _reader(path, fn)
     config = _config(reader, dtype, max_context, fn)
     arch = reader.fields["general.architecture"].contents()
     tensors = {t.name: t for t in reader.tensors}
 
-    abstract = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    expected = {}  # GGUF name -> (state path, transpose, expected [out, in] shape)
-    for p, var in nnx.to_flat_state(state):
-        name, transpose = _gguf_name(p)
-        shape = tuple(var.get_value().shape)
-        expected[name] = (p, transpose, shape[::-1] if transpose else shape)
-
-    missing = [n for n in expected if n not in tensors]
-    if missing:
-        raise ValueError(
-            f"{fn}: {file}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
+    graphdef, state, expected = expected_tensors(config, _gguf_name)  # GGUF name -> TensorSlot ([out, in] shape)
+    check_tensor_names(f"{fn}: {file}", expected, tensors)
     if "rope_freqs.weight" in tensors:
         raise ValueError(
             f"{fn}: {file}: tensor 'rope_freqs.weight' (per-dimension rotary frequency factors, e.g. "
@@ -385,14 +356,7 @@ def load_gguf(path: str | os.PathLike, *, dtype: str | None = None, max_context:
         values[p] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
         del arr
 
-    pure = nnx.to_pure_dict(state)
-    for p, value in values.items():
-        node = pure
-        for k in p[:-1]:
-            node = node[k]
-        node[p[-1]] = value
-    nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+    return assemble(graphdef, state, values)
 
 
 def _gguf_version() -> str:
