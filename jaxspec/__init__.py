@@ -12,8 +12,11 @@ Public API (see docs/DESIGN.md §5):
   :class:`Transformer`, :class:`KVCache`, :func:`init_cache`, :func:`tree_cache_mask`;
 * generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`,
   on one device or a mesh (:func:`make_mesh`, :mod:`jaxspec.nn.sharding`);
-  tree specs :class:`DynamicTree`, :func:`parse_tree`; :class:`RoundParts`,
-  :class:`NgramDraft` (prompt lookup);
+  tree specs :class:`DynamicTree`, :func:`parse_tree`; :class:`RoundParts`;
+* drafters: the protocol :class:`Drafter` (with :class:`DraftRequest`, :class:`Prompt`,
+  :class:`Context`, :class:`DraftLaw`, :class:`Proposal`, :class:`Outcome`; docs/DRAFTERS.md),
+  :class:`NgramDraft` (prompt lookup), :class:`LayerSkipDraft` (the target's first layers);
+  a draft :class:`Transformer` or a :class:`FeatureHead` is passed as it is;
 * checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
   :func:`save_model`, :func:`embedded_models`; :class:`ByteTokenizer`, :func:`load_tokenizer`;
 * feature draft heads (EAGLE style): :class:`FeatureHead`, :func:`head_config`,
@@ -68,7 +71,11 @@ _EXPORTS = {
     # generation
     **{n: ("jaxspec.decode.generate", n) for n in ("GenerateResult", "generate", "generate_autoregressive")},
     "NgramDraft": ("jaxspec.decode.ngram", "NgramDraft"),
+    "LayerSkipDraft": ("jaxspec.decode.layer_skip", "LayerSkipDraft"),
     "RoundParts": ("jaxspec.decode.round", "RoundParts"),
+    # the drafter protocol and what its methods read and return (jaxspec.decode.drafter)
+    **{n: ("jaxspec.decode.drafter", n) for n in (
+        "Drafter", "DraftRequest", "Prompt", "Context", "DraftLaw", "Proposal", "Outcome")},
     # tree optimization
     **{n: ("jaxspec.tuning.optimize", n) for n in (
         "AcceptanceEstimate", "OptimizedTree", "branching_widths", "expected_accepted", "measure_acceptance",

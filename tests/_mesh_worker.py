@@ -19,6 +19,7 @@ from jaxspec.nn import sharding
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _tiny import tiny_pair  # noqa: E402
+from _user_drafter import bigram_from  # noqa: E402
 
 # 8 query heads, 4 KV heads: split over a model axis of 2 or 4, replicated over 8
 TARGET, DRAFT = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=8, num_kv_heads=4, num_layers=2,
@@ -51,6 +52,12 @@ def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
         ref = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw)
         out = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
         res[f"target-only T={temp} mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
+    # a drafter written against the protocol alone (tests/_user_drafter.py): its params replicated
+    user = bigram_from(TARGET)
+    kw = dict(max_new_tokens=10, tree="branch:2,2", temperature=1.0, stop_tokens=(5,))
+    ref = jaxspec.generate(jax.random.key(7), TARGET, user, PROMPTS, **kw)
+    out = jaxspec.generate(jax.random.key(7), TARGET, user, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
+    res["user drafter branch:2,2 T=1.0 mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
     if cases == DEFAULT_CASES:
         return res
     ng = jaxspec.NgramDraft()

@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxspec.exactness import exact_laws
 from jaxspec.exactness import harness as exactness
-from jaxspec.exactness import mutants
+from jaxspec.exactness import mutants, power
 from jaxspec.exactness import sample_counts
 from jaxspec.core import sampling
 from jaxspec.exactness.harness import default_pair, exact_law, expected_acceptance, verify
@@ -471,7 +471,7 @@ def test_power_rules_and_the_samples_they_need():
     from jaxspec.exactness import stats
     for probs in ([0.5, 0.3, 0.15, 0.03, 0.02], [0.9, 0.05, 0.05], [0.25] * 4, [1 - 1e-6, 1e-6], [0.0, 0.6, 0.4]):
         p = np.asarray(probs)
-        n = exactness._gof_samples(p)
+        n = power.gof_samples(p)
 
         def dof(m):  # chisquare_gof pools on m * p: any counts summing to m give this dof
             c = np.floor(m * p).astype(np.int64)
@@ -479,23 +479,23 @@ def test_power_rules_and_the_samples_they_need():
             return stats.chisquare_gof(c, p).dof
 
         assert dof(n) >= 1 and (n == 1 or dof(n - 1) == 0), (probs, n)
-    assert exactness._gof_samples([1.0]) == exactness._gof_samples([0.0, 1.0, 0.0]) == 1
+    assert power.gof_samples([1.0]) == power.gof_samples([0.0, 1.0, 0.0]) == 1
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow on a sliver of mass: a lower bound instead
-        assert exactness._gof_samples([1.0, 5e-324]) == 2**53
+        assert power.gof_samples([1.0, 5e-324]) == 2**53
 
     thr = 1e-3 / 8
     for e in (0.6012, 0.409, 0.5, 0.99, 0.0, 1.0):
-        n = exactness._binomial_samples(e, thr)
-        assert exactness._binomial_min_pvalue(n, e) <= thr
-        assert n == 1 or exactness._binomial_min_pvalue(n - 1, e) > thr
-    assert exactness._binomial_samples(0.5, thr) == 14  # 2 * 2**-n <= 1.25e-4
+        n = power.binomial_samples(e, thr)
+        assert power.binomial_min_pvalue(n, e) <= thr
+        assert n == 1 or power.binomial_min_pvalue(n - 1, e) > thr
+    assert power.binomial_samples(0.5, thr) == 14  # 2 * 2**-n <= 1.25e-4
 
     for n0, k in ((1, 64), (7, 16), (1000, 2)):
         mdt = stats.min_detectable_tv(n0, k, alpha=thr)
-        n = exactness._tv_samples(n0, mdt, 1.0)
+        n = power.tv_samples(n0, mdt, 1.0)
         assert stats.min_detectable_tv(n, k, alpha=thr) < 1.0
         assert n == 1 or stats.min_detectable_tv(n - 1, k, alpha=thr) >= 1.0
 

@@ -36,7 +36,8 @@ def _worker(*parts: str) -> dict:
 
 TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
 GEN_CASES = [f"{tree} T=1.0 mesh=(2, 4)" for tree in TREES] + [
-    f"branch:2,2 T=1.0 mesh={shape}" for shape in ((8, 1), (1, 8))] + ["target-only T=1.0 mesh=(2, 4)"]
+    f"branch:2,2 T=1.0 mesh={shape}" for shape in ((8, 1), (1, 8))] + [
+    "target-only T=1.0 mesh=(2, 4)", "user drafter branch:2,2 T=1.0 mesh=(2, 4)"]
 
 # One subprocess per part of the worker, each part one test: a module fixture would run
 # the worker once per xdist process.
@@ -68,7 +69,7 @@ def test_streaming_on_a_mesh():
 @pytest.mark.slow
 def test_mesh_tokens_equal_one_device_every_tree_every_mesh():
     res = _worker("generations_all")["generations"]
-    assert len(res) == 2 * (3 * 3 + 1) + 1  # per temperature: trees x meshes, target-only; an n-gram draft
+    assert len(res) == 2 * (3 * 3 + 1) + 2  # per temperature: trees x meshes, target-only; n-gram, user drafters
     bad = [k for k, r in res.items() if r["mesh"] != r["ref"]]
     assert not bad, bad
 

@@ -190,5 +190,5 @@ def test_graphdefs_passed_in_are_checked():
     ng = NgramDraft()
     cfg = gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), ng), **kw)[0]
     assert cfg == gen.build_config(target, ng, **kw)[0]
-    with pytest.raises(ValueError, match=r"graphdefs\[1\] = NgramDraft\(.*\): expected the n-gram draft itself"):
+    with pytest.raises(ValueError, match=r"graphdefs\[1\] = NgramDraft\(.*\): expected the drafter itself"):
         gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), NgramDraft(max_ngram=2)), **kw)

@@ -204,9 +204,10 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                         "faster on CPU: benchmarks/README.md; float32 otherwise)")
     p.add_argument("--draft", default=None,
                    help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target; "
-                        "required with another --target, unless --baseline), or 'ngram' for prompt lookup "
+                        "required with another --target, unless --baseline), 'ngram' for prompt lookup "
                         "drafts copied from the prompt and the output ('ngram:4', 'ngram:max=4,min=2'; "
-                        "docs/PROMPT_LOOKUP.md)")
+                        "docs/PROMPT_LOOKUP.md), or 'layers:K' for self-speculation: the target's first K "
+                        "layers draft (docs/DRAFTERS.md)")
     p.add_argument("--baseline", action="store_true", help="target-only sampling (no draft)")
     p.add_argument("--compare", action="store_true",
                    help="run speculative and target-only decoding on the same prompt, seed and settings, timed "
@@ -288,11 +289,11 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                 tree = parse_tree(args.tree)
             except ValueError as e:
                 raise CLIError(f"--tree: {e}") from None
-        lookup = _lookup_draft(args)  # an NgramDraft for --draft ngram[:...], else None
-        if lookup is not None:
-            if auto:
-                raise CLIError(f"--tree auto: chooses a tree by timing a draft model; with --draft {args.draft} "
-                               "pass a static tree such as --tree chain:4")
+        lookup = _lookup_draft(args)  # a drafter for --draft ngram[:...] or layers:K, else None
+        if lookup is not None and auto:
+            raise CLIError(f"--tree auto: chooses a tree by timing a draft model; with --draft {args.draft} "
+                           "pass a tree such as --tree chain:4")
+        if lookup is not None and not hasattr(lookup, "layers"):  # prompt lookup: fixed static proposals
             if isinstance(tree, DynamicTree):
                 raise CLIError(f"--tree {args.tree}: a dynamic tree ranks a draft model's candidates; with "
                                f"--draft {args.draft} pass a static tree such as --tree chain:4")
@@ -485,16 +486,19 @@ def _prompt_ids(args, tok) -> tuple[list[int], str]:
 
 
 def _lookup_draft(args):
-    """The :class:`~jaxspec.NgramDraft` of ``--draft ngram[:...]`` (None for a model, or with
-    ``--baseline``); a malformed spec is a :class:`CLIError` naming the flag."""
-    if args.baseline or args.draft is None or not args.draft.strip().lower().startswith("ngram"):
+    """The drafter without a model of its own: :class:`~jaxspec.NgramDraft` for ``--draft
+    ngram[:...]``, :class:`~jaxspec.LayerSkipDraft` for ``--draft layers:K`` (None for a
+    model, or with ``--baseline``); a malformed spec is a :class:`CLIError` naming the flag."""
+    if args.baseline or args.draft is None:
         return None
-    if pathlib.Path(args.draft).exists():  # a model folder that happens to be called ngram...
+    spec = args.draft.strip().lower()
+    if not spec.startswith(("ngram", "layers:")) or pathlib.Path(args.draft).exists():  # a model folder
         return None
+    from jaxspec.decode.layer_skip import LayerSkipDraft
     from jaxspec.decode.ngram import NgramDraft
 
     try:
-        return NgramDraft.parse(args.draft)
+        return (NgramDraft if spec.startswith("ngram") else LayerSkipDraft).parse(args.draft)
     except ValueError as e:
         raise CLIError(f"--draft: {e}") from None
 

@@ -1,6 +1,6 @@
-"""Draft proposal of one speculative round: static trees level by level, dynamic trees
-EAGLE-2 style. Pure functions of (draft model, cache, tokens, keys), traced inside
-:func:`jaxspec.decode.generate.generate`.
+"""A draft model as a drafter (:class:`ModelDraft`, the :mod:`jaxspec.decode.drafter`
+protocol): static trees level by level, dynamic trees EAGLE-2 style. Pure functions of
+(draft model, cache, tokens, keys), traced inside :func:`jaxspec.decode.generate.generate`.
 
 Cache layout of a round for row b (``L = lengths[b]`` committed tokens; the root, the last
 emitted token, is *not* yet in the cache)::
@@ -39,18 +39,84 @@ every node): ``depth + 1`` draft forwards. Candidates are fixed choices (scheme
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax import lax
 
 from jaxspec.core import sampling
 from jaxspec.core import tree as treelib
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
+from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
+from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
+from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
+from jaxspec.nn.model import prefill
 
-__all__ = ["propose_static", "propose_dynamic", "draw_children"]
+__all__ = ["ModelDraft", "propose_static", "propose_dynamic", "draw_children"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDraft:
+    """A draft :class:`~jaxspec.nn.model.Transformer` as a drafter: ``definition`` its
+    ``nnx.GraphDef``, ``config`` its configuration; its ``nnx.state`` is the params. Its
+    state is its own KV cache, in the target's slot layout (so the round's cache commit
+    keeps the same slots in both). :func:`jaxspec.generate` builds it from a draft model
+    (:meth:`of`)."""
+
+    definition: nnx.GraphDef
+    config: ModelConfig
+
+    @classmethod
+    def of(cls, model, definition=None):
+        """``(ModelDraft, params)`` of a draft model (params ``None`` when its
+        ``definition`` is passed in: the caller has split it already)."""
+        if definition is not None:
+            return cls(definition, model.config), None
+        gdef, state = nnx.split(model)
+        return cls(gdef, model.config), state
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    def check(self, target, request: DraftRequest) -> str:
+        v = target.config.vocab_size
+        if self.config.vocab_size != v:
+            raise ValueError(f"draft: vocab_size = {self.config.vocab_size}; expected the target's vocab_size = {v}")
+        if request.mesh is not None:
+            sharding.check_model_on_mesh("draft", self.config, request.mesh)
+        if isinstance(request.tree, DynamicTree):
+            if request.scheme not in (None, "deterministic"):
+                raise ValueError(f"scheme = {request.scheme!r}: a DynamicTree chooses fixed candidates; expected "
+                                 "scheme='deterministic'")
+            return "deterministic"
+        return "without_replacement" if request.scheme is None else request.scheme
+
+    def forwards(self, tree) -> int:
+        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1."""
+        return tree.depth + (1 if isinstance(tree, DynamicTree) else 0)
+
+    def init(self, params, target, prompt: Prompt) -> KVCache:
+        """The draft's prefill of ``prompt[:-1]`` (lengths = prompt length - 1)."""
+        model = nnx.merge(self.definition, params)
+        return prefill(model, prompt.tokens, prompt.lengths - 1, prompt.capacity)[1]
+
+    def propose(self, params, target, state: KVCache, ctx: Context, keys, law: DraftLaw) -> Proposal:
+        model = nnx.merge(self.definition, params)
+        if isinstance(law.tree, DynamicTree):
+            tokens, parents, _, cache = propose_dynamic(model, state, ctx.root, law.tree, law.warp, law.temperature)
+            return Proposal(tokens, cache, parents=parents)
+        tokens, probs, cache = propose_static(model, state, ctx.prev, ctx.root, keys, law.tree, law.scheme, law.warp,
+                                              law.temperature)
+        return Proposal(tokens, cache, probs=probs)
+
+    def commit(self, params, state: KVCache, outcome: Outcome, commit_cache) -> KVCache:
+        return commit_cache(state, outcome.accepted_nodes, outcome.num)
 
 
 def _with_lengths(cache: KVCache, lengths) -> KVCache:

@@ -56,12 +56,11 @@ from jaxspec.decode.round import (
     speculative_round,
     start_emitted,
 )
-from jaxspec.decode.head_draft import start_head
-from jaxspec.decode.ngram import NgramDraft, NgramState
+from jaxspec.decode.as_drafter import as_drafter
+from jaxspec.decode.drafter import Drafter, DraftRequest, Prompt
 from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
-from jaxspec.nn.head import FeatureHead, check_head_for
 from jaxspec.nn.model import Transformer, check_transformer, prefill
 
 __all__ = [
@@ -170,7 +169,7 @@ class SpecConfig:
     """Static configuration of one compiled speculative generation (hashable)."""
 
     target_def: nnx.GraphDef
-    draft_def: nnx.GraphDef | NgramDraft  # an n-gram draft has no state: it is its own definition
+    draft_def: Drafter  # the drafter (jaxspec.decode.drafter); its params are a traced argument
     tree: StaticTree | DynamicTree
     scheme: str
     target_warp: Warp
@@ -200,11 +199,8 @@ class SpecConfig:
 
     @property
     def draft_calls_per_round(self) -> int:
-        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1; an
-        n-gram draft: 0 (no model)."""
-        if isinstance(self.draft_def, NgramDraft):
-            return 0
-        return self.tree.depth + (1 if isinstance(self.tree, DynamicTree) else 0)
+        """The drafter's forwards per round (:meth:`~jaxspec.decode.drafter.Drafter.forwards`)."""
+        return int(self.draft_def.forwards(self.tree))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,16 +265,14 @@ class _SpecLoop(NamedTuple):
 
 def _start_state(cfg: SpecConfig, target, draft, tokens, lens) -> RoundState:
     """The loop state before the first round of prompts ``tokens int32[B, P]`` (lengths
-    ``lens``): both caches prefilled (a feature head: the target's, whose prompt features
-    the head then reads; an n-gram draft: none), nothing emitted."""
-    if isinstance(draft, FeatureHead):
-        tcache, root, tfeats = _start(target, tokens, lens, cfg, features=True)
-        dcache = start_head(draft, target, tfeats, tokens, lens - 1, cfg.capacity, cfg.tree.depth + 1)
-    else:
-        tcache, root, _ = _start(target, tokens, lens, cfg)
-        dcache = NgramState(tokens, lens) if isinstance(draft, NgramDraft) else _start(draft, tokens, lens, cfg)[0]
+    ``lens``): the target's cache prefilled, the drafter's state started from the prompts
+    and the target's prompt features (:meth:`~jaxspec.decode.drafter.Drafter.init`),
+    nothing emitted. ``draft``: ``(drafter, params)``."""
+    drafter, dparams = draft
+    tcache, root, tfeats = _start(target, tokens, lens, cfg, features=True)
+    dstate = drafter.init(dparams, target, Prompt(tokens, lens, tfeats, cfg.capacity, cfg.tree))
     prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
-    return RoundState(prev=prev, root=root, tcache=tcache, dcache=dcache,
+    return RoundState(prev=prev, root=root, tcache=tcache, dstate=dstate,
                       emitted=start_emitted(tokens.shape[0], cfg.max_new_tokens))
 
 
@@ -295,9 +289,8 @@ def _set_row(state, one, row):
 
 
 def _merged(cfg: SpecConfig, target_state, draft_state):
-    target = nnx.merge(cfg.target_def, target_state)
-    ngram = isinstance(cfg.draft_def, NgramDraft)
-    return target, cfg.draft_def if ngram else nnx.merge(cfg.draft_def, draft_state)
+    """``(target, (drafter, params))`` inside a compiled program."""
+    return nnx.merge(cfg.target_def, target_state), (cfg.draft_def, draft_state)
 
 
 def _placed(cfg: SpecConfig, target, draft, lp: _SpecLoop) -> _SpecLoop:
@@ -307,9 +300,8 @@ def _placed(cfg: SpecConfig, target, draft, lp: _SpecLoop) -> _SpecLoop:
     if cfg.mesh is None:
         return lp
     st = lp.st
-    ngram = isinstance(draft, NgramDraft)
     st = st._replace(tcache=_place_cache(st.tcache, target, cfg),
-                     dcache=_rows(st.dcache, cfg) if ngram else _place_cache(st.dcache, draft, cfg),
+                     dstate=sharding.constrain_state(st.dstate, cfg.mesh, rows=cfg.split_rows),
                      prev=_rows(st.prev, cfg), root=_rows(st.root, cfg), emitted=_rows(st.emitted, cfg))
     rounds, accepted = _rows((lp.rounds, lp.accepted), cfg)
     return lp._replace(st=st, rounds=rounds, accepted=accepted)
@@ -332,7 +324,7 @@ def _spec_body(cfg: SpecConfig, target, draft, row_keys, temperature, draft_temp
     def body(lp: _SpecLoop) -> _SpecLoop:
         was_active = lp.st.emitted.active
         st, res = speculative_round(
-            round_cfg, target, draft, lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature,
+            round_cfg, target, *draft, lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature,
             stop_tokens,
         )
         rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, cfg.stat_depth)
@@ -424,7 +416,7 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
     def body(lp: _QueueLoop) -> _QueueLoop:
         was_active = lp.st.emitted.active
         st, res = speculative_round(
-            round_cfg, target, draft, lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature,
+            round_cfg, target, *draft, lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature,
             draft_temperature, stop_tokens,
         )
         rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, stat_d)
@@ -457,11 +449,9 @@ def start_program(cfg: SpecConfig | ARConfig, target_state, draft_state, tokens,
     :func:`autoregressive_program` (an :class:`ARConfig`: ``(cache, root)``; pass
     ``draft_state=None``) starts its loop from (un-jitted), so that a benchmark can take it
     out of a call's time."""
-    target = nnx.merge(cfg.target_def, target_state)
     if isinstance(cfg, ARConfig):
-        return _start(target, tokens, lens, cfg)[:2]
-    draft = cfg.draft_def if isinstance(cfg.draft_def, NgramDraft) else nnx.merge(cfg.draft_def, draft_state)
-    return _start_state(cfg, target, draft, tokens, lens)
+        return _start(nnx.merge(cfg.target_def, target_state), tokens, lens, cfg)[:2]
+    return _start_state(cfg, *_merged(cfg, target_state, draft_state), tokens, lens)
 
 
 class _ARLoop(NamedTuple):
@@ -526,9 +516,10 @@ def store_text(cfg: SpecConfig | ARConfig) -> str | None:
     function is known only by its name, which another process may give another function)."""
     if cfg.mesh is not None:
         return None
-    if isinstance(cfg, SpecConfig) and not all(
-            library_function_name(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts)):
-        return None
+    if isinstance(cfg, SpecConfig) and not (
+            all(library_function_name(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts))
+            and type(cfg.draft_def).__module__.startswith("jaxspec.")):
+        return None  # a caller's function or drafter class is known only by its name
     return static_text(cfg)
 
 
@@ -672,25 +663,13 @@ def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
     return dataclasses.replace(parts, accept=accept)
 
 
-def _check_draft(draft):
-    if isinstance(draft, (NgramDraft, FeatureHead)):
-        return draft
-    if not isinstance(draft, Transformer):
-        raise ValueError(
-            "draft: expected a jaxspec.Transformer, a jaxspec.FeatureHead or a jaxspec.NgramDraft, "
-            f"got {type(draft).__name__}"
-        )
-    return draft
-
-
-def _check_mesh(mesh, target, draft) -> Mesh | None:
-    """``mesh`` validated against the models it splits (None stays None)."""
+def _check_mesh(mesh, target) -> Mesh | None:
+    """``mesh`` validated against the target (None stays None; a drafter checks its own
+    part, :meth:`~jaxspec.decode.drafter.Drafter.check`)."""
     if mesh is None:
         return None
     mesh = sharding.check_mesh(mesh)  # jax.make_mesh's Explicit axes made Auto
     sharding.check_model_on_mesh("target", target.config, mesh)
-    if draft is not None:
-        sharding.check_model_on_mesh("draft", draft.config, mesh)
     return mesh
 
 
@@ -711,20 +690,27 @@ def _check_graphdef(name: str, graphdef) -> nnx.GraphDef:
     return graphdef
 
 
+def _definition(draft):
+    """A model's ``nnx.GraphDef`` (its params are not needed to build a configuration);
+    ``None`` for a drafter."""
+    return nnx.graphdef(draft) if isinstance(draft, nnx.Module) else None
+
+
 def _check_graphdefs(graphdefs, draft) -> tuple:
-    """``graphdefs`` of :func:`build_config`: the target's ``nnx.GraphDef`` and the
-    draft's (an n-gram draft is its own definition). Which models they describe cannot be
-    checked without the traversal that passing them in avoids."""
+    """``graphdefs`` of :func:`build_config` -> ``(target graphdef, drafter)``: the target's
+    ``nnx.GraphDef`` and the draft model's or feature head's (a drafter is its own
+    definition). Which models they describe cannot be checked without the traversal that
+    passing them in avoids."""
     if not isinstance(graphdefs, tuple) or len(graphdefs) != 2:
         what = f"a tuple of {len(graphdefs)}" if isinstance(graphdefs, tuple) else f"a {type(graphdefs).__name__}"
         raise ValueError(f"graphdefs = {what}: expected (target graphdef, draft graphdef) from nnx.split")
     tdef = _check_graphdef("graphdefs[0]", graphdefs[0])
-    if isinstance(draft, NgramDraft):
-        if graphdefs[1] is not draft:
-            raise ValueError(f"graphdefs[1] = {graphdefs[1]!r}: expected the n-gram draft itself, {draft!r} "
-                             "(it is its own definition)")
-        return tdef, draft
-    return tdef, _check_graphdef("graphdefs[1]", graphdefs[1])
+    if isinstance(draft, nnx.Module):
+        return tdef, as_drafter(draft, _check_graphdef("graphdefs[1]", graphdefs[1]))[0]
+    if graphdefs[1] is not draft:
+        raise ValueError(f"graphdefs[1] = {graphdefs[1]!r}: expected the drafter itself, {draft!r} "
+                         "(it is its own definition)")
+    return tdef, as_drafter(draft)[0]
 
 
 def _check_budget(max_new_tokens) -> int:
@@ -827,9 +813,18 @@ def _warp(prefix: str, temperature, top_k, top_p) -> tuple[Warp, float]:
     return Warp(top_k, top_p), float(temperature)
 
 
+def position_limit(model) -> int | None:
+    """The most positions of a model (``config.max_position_embeddings``) or a drafter
+    (its optional ``max_positions``; ``None``: no limit)."""
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "max_position_embeddings", None), int):
+        return config.max_position_embeddings
+    return getattr(model, "max_positions", None)
+
+
 def _check_positions(name: str, model, needed: int, what: str) -> None:
-    limit = model.config.max_position_embeddings
-    if needed > limit:
+    limit = position_limit(model)
+    if limit is not None and needed > limit:
         raise ValueError(
             f"{name}: {what} = {needed} exceeds max_position_embeddings = {limit}; "
             "shorten the prompt, max_new_tokens or the tree"
@@ -842,7 +837,7 @@ def _check_positions(name: str, model, needed: int, what: str) -> None:
 def generate(
     key,
     target: Transformer,
-    draft: Transformer | FeatureHead | NgramDraft,
+    draft,
     prompts,
     *,
     max_new_tokens: int,
@@ -870,9 +865,11 @@ def generate(
       target: the :class:`~jaxspec.nn.model.Transformer` whose law is sampled.
       draft: a :class:`~jaxspec.nn.model.Transformer` with the target's vocabulary, a
         :class:`~jaxspec.nn.head.FeatureHead` trained on the target (drafts from the
-        target's own features; static trees, one device), or an
+        target's own features; static trees, one device), an
         :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup: drafts copied from the
-        row's own prompt and output; static trees, scheme ``"deterministic"``).
+        row's own prompt and output; static trees, scheme ``"deterministic"``), or any
+        drafter of the :class:`~jaxspec.Drafter` protocol (:mod:`jaxspec.decode.drafter`,
+        ``docs/DRAFTERS.md``), the library's or the caller's own.
       prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
         lengths >= 1.
       max_new_tokens: budget per row (>= 1).
@@ -937,25 +934,23 @@ def generate(
       iterations).
     """
     check_transformer("target", target)
-    _check_draft(draft)
+    drafter, dstate = as_drafter(draft)
     key = sampling.check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     # one traversal of each model's object graph gives both halves (each costs milliseconds)
     tdef, tstate = nnx.split(target)
-    ngram = isinstance(draft, NgramDraft)
-    ddef, dstate = (draft, None) if ngram else nnx.split(draft)
     cfg, t_temp, d_temp = build_config(
-        target, draft, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
+        target, drafter, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
         draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, ddef),
+        parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, drafter),
     )
     if _check_on_round(on_round) is not None and cfg.rows is not None:
         raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
                          "prompts, so pass on_round=None (or rows=None)")
-    cfg, tokens = bucket_config(cfg, tokens, (target,) if ngram else (target, draft), bucket)
+    cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop, on_round=on_round)
 
 
@@ -993,7 +988,8 @@ def _on_mesh(cfg, defs, states, key, tokens, lens, scalars, call) -> GenerateRes
         tokens = np.concatenate([tokens, np.repeat(tokens[-1:], pad, axis=0)])
         lens = np.concatenate([lens, np.repeat(lens[-1:], pad)])
     rep = sharding.replicated(mesh)
-    states = tuple(sharding.shard_state(s, nnx.merge(d, s).config, mesh) for d, s in zip(defs, states))
+    states = (sharding.shard_state(states[0], nnx.merge(defs[0], states[0]).config, mesh),
+              *(sharding.shard_params(s, getattr(d, "config", None), mesh) for d, s in zip(defs[1:], states[1:])))
     out = call(
         states, sharding.put(key, rep), sharding.put(tokens, sharding.row_sharding(mesh, 2)),
         sharding.put(lens, sharding.row_sharding(mesh, 1)), *(sharding.put(x, rep) for x in scalars),
@@ -1041,7 +1037,8 @@ def bucket_config(cfg, tokens: np.ndarray, models, prompt_bucket: int | None):
     are past every row's length, as in a ragged batch, so the law of the tokens is the
     same, and the tokens too up to the last bits of the longer attention sums."""
     width = tokens.shape[1]
-    room = min(m.config.max_position_embeddings for m in models) - cfg.capacity
+    limits = [x for x in map(position_limit, models) if x is not None]
+    room = (min(limits) if limits else 2**31 - 1) - cfg.capacity
     padded = bucket_width(width, prompt_bucket, room)
     if padded == width:
         return cfg, tokens
@@ -1098,7 +1095,7 @@ def run_compiled_autoregressive(cfg: ARConfig, target_state, key, tokens, lens, 
 
 def build_config(
     target: Transformer,
-    draft: Transformer | FeatureHead | NgramDraft,
+    draft,
     *,
     prompt_length: int,
     max_new_tokens: int,
@@ -1135,48 +1132,21 @@ def build_config(
         cfg == build_config(target, draft, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
     """
     check_transformer("target", target)
-    ngram = isinstance(_check_draft(draft), NgramDraft)
     _check_prompt_length(prompt_length)
     v = target.config.vocab_size
-    if not ngram and draft.config.vocab_size != v:
-        raise ValueError(
-            f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}"
-        )
     m = _check_budget(max_new_tokens)
     spec = resolve_tree(tree)
-    if scheme is None:
-        scheme = "deterministic" if ngram or isinstance(spec, DynamicTree) else "without_replacement"
+    if graphdefs is None:
+        tdef, drafter = nnx.graphdef(target), as_drafter(draft, _definition(draft))[0]
+    else:
+        tdef, drafter = _check_graphdefs(graphdefs, draft)
+    mesh = _check_mesh(mesh, target)
+    given = tuple((name, value) for name, value in (("draft_temperature", draft_temperature),
+                                                    ("draft_top_k", draft_top_k), ("draft_top_p", draft_top_p))
+                  if value is not None)
+    scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, given))  # the drafter's own refusals
     sampling.check_scheme(scheme)
-    if ngram:
-        if isinstance(spec, DynamicTree):
-            raise ValueError(
-                f"tree = {spec}: a DynamicTree ranks a draft model's candidates; an n-gram draft "
-                "takes a static tree (a chain such as 'chain:4', or 'branch:3,1,1')"
-            )
-        if scheme != "deterministic":
-            raise ValueError(
-                f"scheme = {scheme!r}: an n-gram draft proposes fixed tokens; expected "
-                "scheme='deterministic' (or None)"
-            )
-        for name, value in (("draft_temperature", draft_temperature), ("draft_top_k", draft_top_k),
-                            ("draft_top_p", draft_top_p)):
-            if value is not None:
-                raise ValueError(f"{name} = {value!r}: an n-gram draft has no proposal law; expected None")
-    if isinstance(draft, FeatureHead):
-        check_head_for("draft", draft, target)
-        if isinstance(spec, DynamicTree):
-            raise ValueError(
-                f"tree = {spec}: a feature head drafts static trees (a chain such as 'chain:4', or "
-                "'branch:3,1,1'); a DynamicTree takes a draft model"
-            )
-        if mesh is not None:
-            raise ValueError("mesh: a feature-head draft runs on one device; pass mesh=None or a draft model")
     if isinstance(spec, DynamicTree):
-        if scheme != "deterministic":
-            raise ValueError(
-                f"scheme = {scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                "scheme='deterministic'"
-            )
         if spec.topk > v:
             raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
     elif scheme != "iid" and spec.max_siblings > v:
@@ -1192,17 +1162,12 @@ def build_config(
         ),
     )
     capacity = int(prompt_length) + m + spec.cache_slots + 1
-    for name, model in (("target", target),) + ((() if ngram else (("draft", draft),))):
+    for name, model in (("target", target), ("draft", drafter)):
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
-    if graphdefs is None:
-        tdef, ddef = nnx.graphdef(target), draft if ngram else nnx.graphdef(draft)
-    else:
-        tdef, ddef = _check_graphdefs(graphdefs, draft)
-    mesh = _check_mesh(mesh, target, None if ngram else draft)
     rows = _check_rows(rows, mesh)
-    cfg = SpecConfig(tdef, ddef, spec, scheme, target_warp, draft_warp, m, capacity,
+    cfg = SpecConfig(tdef, drafter, spec, scheme, target_warp, draft_warp, m, capacity,
                      parts=_with_rule(_check_parts(parts), rule, scheme, spec), mesh=mesh, rows=rows)
     return cfg, t_temp, d_temp
 
@@ -1228,4 +1193,4 @@ def build_ar_config(
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
     tdef = nnx.graphdef(target) if graphdef is None else _check_graphdef("graphdef", graphdef)
-    return ARConfig(tdef, warp, m, capacity, mesh=_check_mesh(mesh, target, None)), temp
+    return ARConfig(tdef, warp, m, capacity, mesh=_check_mesh(mesh, target)), temp

@@ -1,5 +1,6 @@
-"""Drafting with a feature head (:class:`~jaxspec.nn.head.FeatureHead`): static trees level
-by level from the target's own features, inside the compiled loop.
+"""Drafting with a feature head (:class:`~jaxspec.nn.head.FeatureHead`; the drafter
+:class:`HeadDraft`): static trees level by level from the target's own features, inside the
+compiled loop.
 
 The head's pair at position p is (target feature at ``p - 1``, token p). Its cache slot p
 holds the K/V of that pair computed from the *target's* feature, true through the root's
@@ -34,20 +35,24 @@ pending pairs, with ``Lh = L + 1``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxspec.core.sampling import Warp
-from jaxspec.core.treespec import StaticTree
+from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import draw_children
+from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
 from jaxspec.nn.cache import KVCache, init_cache
-from jaxspec.nn.head import FeatureHead
+from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.head import FeatureHead, check_head_config_for
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.nn.model import Transformer
 
-__all__ = ["HeadState", "start_head", "propose_head", "commit_head"]
+__all__ = ["HeadDraft", "HeadState", "start_head", "propose_head", "commit_head"]
 
 
 class HeadState(NamedTuple):
@@ -136,3 +141,55 @@ def commit_head(state: HeadState, target_feats, tokens, accepted_nodes, num, act
         toks=jnp.where(keep, toks, state.toks),
         count=jnp.where(active, num, state.count),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadDraft:
+    """A :class:`~jaxspec.nn.head.FeatureHead` as a drafter (static trees, one device):
+    ``definition`` its ``nnx.GraphDef``, ``config`` its configuration; its ``nnx.state`` is
+    the params and :class:`HeadState` its state (module docstring)."""
+
+    definition: nnx.GraphDef
+    config: ModelConfig
+
+    @classmethod
+    def of(cls, head, definition=None):
+        """``(HeadDraft, params)`` of a feature head (params ``None`` when its ``definition``
+        is passed in)."""
+        if definition is not None:
+            return cls(definition, head.config), None
+        gdef, state = nnx.split(head)
+        return cls(gdef, head.config), state
+
+    @property
+    def max_positions(self) -> int:
+        return self.config.max_position_embeddings
+
+    def check(self, target, request: DraftRequest) -> str:
+        check_head_config_for("draft", self.config, target)
+        if isinstance(request.tree, DynamicTree):
+            raise ValueError(f"tree = {request.tree}: a feature head drafts static trees (a chain such as 'chain:4', "
+                             "or 'branch:3,1,1'); a DynamicTree takes a draft model")
+        if request.mesh is not None:
+            raise ValueError("mesh: a feature-head draft runs on one device; pass mesh=None or a draft model")
+        return "without_replacement" if request.scheme is None else request.scheme
+
+    def forwards(self, tree) -> int:
+        return tree.depth
+
+    def init(self, params, target, prompt: Prompt) -> HeadState:
+        head = nnx.merge(self.definition, params)
+        return start_head(head, target, prompt.features, prompt.tokens, prompt.lengths - 1, prompt.capacity,
+                          prompt.tree.depth + 1)
+
+    def propose(self, params, target, state: HeadState, ctx: Context, keys, law: DraftLaw) -> Proposal:
+        head = nnx.merge(self.definition, params)
+        tokens, probs, state = propose_head(head, target, state, keys, law.tree, law.scheme, law.warp,
+                                            law.temperature)
+        return Proposal(tokens, state, probs=probs)
+
+    def commit(self, params, state: HeadState, outcome: Outcome, commit_cache) -> HeadState:
+        """The target's features of the kept path become the head's next pairs (the head
+        keeps its own cache layout; ``commit_cache`` is the target's)."""
+        return commit_head(state, outcome.features, outcome.tokens, outcome.accepted_nodes, outcome.num,
+                           outcome.active)

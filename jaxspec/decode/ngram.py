@@ -41,7 +41,8 @@ import numpy as np
 from jax import lax
 
 from jaxspec.checks import is_int
-from jaxspec.core.treespec import StaticTree
+from jaxspec.core.treespec import DynamicTree, StaticTree
+from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal, refuse_draft_sampling
 
 __all__ = ["NgramDraft", "NgramState", "history", "match_candidates", "propose_ngram", "sibling_ranks"]
 
@@ -107,6 +108,31 @@ class NgramDraft:
     def spec(self) -> str:
         """The spec string :meth:`parse` reads back to this draft."""
         return f"ngram:max={self.max_ngram},min={self.min_ngram},candidates={self.candidates}"
+
+    # the drafter protocol (jaxspec.decode.drafter): no model, no params, no cache
+
+    def check(self, target, request: DraftRequest) -> str:
+        if isinstance(request.tree, DynamicTree):
+            raise ValueError(f"tree = {request.tree}: a DynamicTree ranks a draft model's candidates; an n-gram "
+                             "draft takes a static tree (a chain such as 'chain:4', or 'branch:3,1,1')")
+        if request.scheme not in (None, "deterministic"):
+            raise ValueError(f"scheme = {request.scheme!r}: an n-gram draft proposes fixed tokens; expected "
+                             "scheme='deterministic' (or None)")
+        refuse_draft_sampling(request, "an n-gram draft")
+        return "deterministic"
+
+    def forwards(self, tree) -> int:
+        return 0
+
+    def init(self, params, target, prompt: Prompt) -> NgramState:
+        return NgramState(prompt.tokens, prompt.lengths)
+
+    def propose(self, params, target, state: NgramState, ctx: Context, keys, law: DraftLaw) -> Proposal:
+        tokens, has_match = propose_ngram(self, state, ctx.out, ctx.n_out, law.tree)
+        return Proposal(tokens, state, has_draft=has_match)
+
+    def commit(self, params, state: NgramState, outcome: Outcome, commit_cache) -> NgramState:
+        return state  # the history is the emitted tokens: nothing to keep
 
 
 class NgramState(NamedTuple):

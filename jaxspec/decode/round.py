@@ -5,13 +5,22 @@ loop, :func:`jaxspec.auto_tree`'s timing and the exactness harness all call it. 
 (``L`` committed tokens in both caches; the root, the last emitted token, not yet cached;
 slot layout in :mod:`jaxspec.decode.draft`)::
 
-    propose: the draft drafts N nodes (static tree: D forwards)     slots L-1 .. L+N
+    propose: the drafter proposes N nodes (jaxspec.Drafter.propose)
     verify:  ONE target forward over [root] + nodes under the tree mask,
              positions L + depth; row 0 = law after the root, row i+1 = law after node i
     accept:  the acceptance rule, vmapped over rows -> accepted path + 1 extra token
-    commit:  both caches keep [root] + the accepted path (accepted + 1 tokens)
+    commit:  the target cache keeps [root] + the accepted path (accepted + 1 tokens);
+             the drafter commits the same outcome to its state (jaxspec.Drafter.commit)
     emit:    the accepted tokens and the extra token are appended to each active row's
              output (stop tokens and the budget honoured); the extra token is the new root
+
+The round knows no kind of drafter: whatever proposes the tree implements the protocol of
+:mod:`jaxspec.decode.drafter`. A proposal without laws (fixed choices) gives the rule zero
+draft rows, which the ``deterministic`` scheme never reads; a proposal with parents per row
+(a dynamic tree) gives a tree mask per row; and when a proposal says that no active row has
+a draft worth verifying (``has_draft``), the round runs one target step instead of
+``verify`` and ``accept`` (a ``lax.cond`` whose choice reads only what the drafter saw, never
+the round's acceptance randomness).
 
 The three replaceable steps form :class:`RoundParts`; its defaults are the library's own.
 A researcher replaces one to try an idea, and :mod:`jaxspec.exactness.mutants` replaces
@@ -25,15 +34,6 @@ one to break the decoder on purpose::
 
     parts = RoundParts(verify_mask=causal)   # generate(..., parts=parts) / verify(parts=...)
 
-With an :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup) ``propose`` copies the
-nodes from the rows' histories (no draft model, no draft cache), and when no active row has a
-match the round runs one target step instead of ``verify`` and ``accept`` (a ``lax.cond``
-whose choice reads only past tokens). With a :class:`~jaxspec.nn.head.FeatureHead`
-``propose`` drafts from the target's features (:mod:`jaxspec.decode.head_draft`), the
-verification forward returns the nodes' features as well, and ``commit`` keeps those of the
-accepted path as the head's next inputs (the head keeps its own cache; ``parts.commit``
-applies to the target's).
-
 Each step runs under a :func:`jax.named_scope` (``propose``, ``verify``, ``accept``,
 ``commit``, ``emit``), so a profile reads like this docstring.
 """
@@ -42,20 +42,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxspec.core import sampling
+from jaxspec.core import tree as treelib
 from jaxspec.core.rule_types import AcceptResult
 from jaxspec.core.sampling import Warp
 from jaxspec.core.token_rule import accept_core
 from jaxspec.core.treespec import DynamicTree, StaticTree
-from jaxspec.decode.draft import propose_dynamic, propose_static
-from jaxspec.decode.head_draft import HeadState, commit_head, propose_head
-from jaxspec.decode.ngram import NgramDraft, NgramState, propose_ngram
-from jaxspec.nn.head import FeatureHead
+from jaxspec.decode.drafter import Context, Drafter, DraftLaw, Outcome
 from jaxspec.nn.cache import KVCache, commit
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 
@@ -109,9 +107,9 @@ class RoundParts:
                  with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
                  checks; vmapped over rows).
     commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
-                 the target's cache and a draft model's (a feature head keeps its own
-                 state, :func:`~jaxspec.decode.head_draft.commit_head`): which slots are
-                 kept, and so where the next round's root is written.
+                 the target's cache and handed to the drafter's ``commit`` (a draft model
+                 applies it to its own cache; a feature head keeps its own layout): which
+                 slots are kept, and so where the next round's root is written.
     """
 
     verify_mask: Callable = tree_verify_mask
@@ -178,18 +176,20 @@ class RoundState(NamedTuple):
     prev: jax.Array  # int32[B] the last committed token (cache slot L - 1)
     root: jax.Array  # int32[B] the last emitted token (not yet cached)
     tcache: KVCache  # target cache, lengths = L
-    dcache: KVCache | NgramState | HeadState  # draft cache, lengths = L (n-gram: its prompts; head: its state)
+    dstate: Any  # the drafter's state (a draft model: its cache, lengths = L)
     emitted: Emitted
 
 
 def speculative_round(
-    cfg: RoundConfig, target, draft, state: RoundState, keys, temperature, draft_temperature, stop_tokens
+    cfg: RoundConfig, target, drafter: Drafter, dparams, state: RoundState, keys, temperature, draft_temperature,
+    stop_tokens,
 ) -> tuple[RoundState, AcceptResult]:
     """One round for every row: propose, verify, accept, commit, emit.
 
     Args:
       cfg: the static :class:`RoundConfig`.
-      target, draft: the models (:class:`~jaxspec.nn.model.Transformer`).
+      target: the target :class:`~jaxspec.nn.model.Transformer`.
+      drafter, dparams: the :class:`~jaxspec.decode.drafter.Drafter` and its params.
       state: the :class:`RoundState`; finished rows (``state.emitted.active`` False) run
         the same computation (static shapes) but commit and emit nothing.
       keys: ``[B]`` keys of this round, one per row; each is split into a draft key (one
@@ -202,41 +202,29 @@ def speculative_round(
       (``tokens int32[B, N + 1]``, ``num_tokens int32[B]``, ...) of the round.
     """
     parts = cfg.parts
-    tree = cfg.tree
     b = state.root.shape[0]
-    n = tree.num_nodes
+    n = cfg.tree.num_nodes
     split = jax.vmap(jax.random.split)(keys)  # [B, 2]
     k_draft, k_acc = split[:, 0], split[:, 1]
-    lengths = state.tcache.lengths  # [B] (== a draft model's cache lengths; a head's are L - count + 1)
-    dynamic = isinstance(tree, DynamicTree)
-    ngram = isinstance(draft, NgramDraft)
-    head = isinstance(draft, FeatureHead)
+    lengths = state.tcache.lengths  # [B]
+    emitted = state.emitted
 
     with jax.named_scope("propose"):
-        has_match = None
-        if head:
-            node_tokens, draft_probs, dcache = propose_head(
-                draft, target, state.dcache, k_draft, tree, cfg.scheme, cfg.draft_warp, draft_temperature
-            )
-        elif ngram:
-            node_tokens, has_match = propose_ngram(draft, state.dcache, state.emitted.out, state.emitted.n_out, tree)
-            dcache = state.dcache
-        elif dynamic:
-            node_tokens, parents, full_mask, dcache = propose_dynamic(  # full_mask [B, N + 1, N + 1]
-                draft, state.dcache, state.root, tree, cfg.draft_warp, draft_temperature
-            )
-            depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
-        else:
-            node_tokens, draft_probs, dcache = propose_static(
-                draft, state.dcache, state.prev, state.root, k_draft, tree, cfg.scheme, cfg.draft_warp,
-                draft_temperature,
-            )
-        if ngram or dynamic:  # fixed candidates: the rule reads no draft row (deterministic scheme)
+        ctx = Context(state.prev, state.root, lengths, emitted.out, emitted.n_out, emitted.active, state.tcache)
+        law = DraftLaw(cfg.tree, cfg.scheme, cfg.draft_warp, draft_temperature)
+        prop = drafter.propose(dparams, target, state.dstate, ctx, k_draft, law)
+        node_tokens = prop.tokens  # [B, N]
+        draft_probs = prop.probs
+        if draft_probs is None:  # fixed candidates: the rule reads no draft row (deterministic scheme)
             draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)
-        if not dynamic:
-            parents = tree.parents_array  # numpy: a compile-time constant
-            full_mask = tree.full_mask
+        if prop.parents is None:  # the static tree: compile-time constants
+            parents = cfg.tree.parents_array  # [N] numpy
+            full_mask = cfg.tree.full_mask  # [N + 1, N + 1]
             depth_full = jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]  # [1, N + 1]
+        else:  # a tree per row
+            parents = prop.parents  # [B, N]
+            full_mask = jax.vmap(treelib.full_tree_mask)(parents)  # [B, N + 1, N + 1]
+            depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
 
     def verify_tree(tcache):
         with jax.named_scope("verify"):
@@ -249,14 +237,14 @@ def speculative_round(
             def accept_row(k, par, toks, tp, dp):
                 return parts.accept(k, par, toks, tp, dp, cfg.scheme)
 
-            res = jax.vmap(accept_row, in_axes=(0, 0 if dynamic else None, 0, 0, 0))(
+            res = jax.vmap(accept_row, in_axes=(0, None if prop.parents is None else 0, 0, 0, 0))(
                 k_acc, parents, node_tokens, target_probs, draft_probs
             )
         return res, tcache, feats
 
     def target_step(tcache):
         """No row has a draft worth verifying: one target step, the tree skipped."""
-        tok, tcache = _target_draw(target, cfg.target_warp, tcache, state.root, k_acc, temperature)
+        tok, tcache, feat = _target_draw(target, cfg.target_warp, tcache, state.root, k_acc, temperature)
         res = AcceptResult(  # nothing accepted; the drawn token is the extra one
             tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
             num_tokens=jnp.ones((b,), jnp.int32),
@@ -265,25 +253,24 @@ def speculative_round(
             accepted_per_depth=jnp.zeros((b, n), jnp.int32),
             last_node=jnp.full((b,), -1, jnp.int32),
         )
-        return res, tcache
+        feats = jnp.zeros((b, n + 1, feat.shape[-1]), feat.dtype).at[:, :1].set(feat)  # [B, N + 1, D]
+        return res, tcache, feats
 
-    if has_match is None:
+    if prop.has_draft is None:
         res, tcache, feats = verify_tree(state.tcache)
     else:  # the choice reads only the history, never this round's randomness: still exact
-        res, tcache = jax.lax.cond(jnp.any(has_match & state.emitted.active), lambda c: verify_tree(c)[:2],
-                                   target_step, state.tcache)
+        res, tcache, feats = jax.lax.cond(jnp.any(prop.has_draft & emitted.active), verify_tree, target_step,
+                                          state.tcache)
 
-    was_active = state.emitted.active
+    was_active = emitted.active
     with jax.named_scope("commit"):
         num = jnp.where(was_active, res.num_tokens, 0)
         tcache = parts.commit(tcache, res.accepted_nodes, num)
-        if head:  # the target's features of the kept path become the head's next pairs
-            dcache = commit_head(dcache, feats, res.tokens, res.accepted_nodes, num, was_active)
-        elif not ngram:  # an n-gram draft reads the emitted tokens, it keeps no cache
-            dcache = parts.commit(dcache, res.accepted_nodes, num)
+        dstate = drafter.commit(dparams, prop.state, Outcome(res.tokens, num, res.accepted_nodes, was_active, feats),
+                                parts.commit)
 
     with jax.named_scope("emit"):
-        emitted = emit_tokens(state.emitted, res.tokens, res.num_tokens, stop_tokens)
+        emitted = emit_tokens(emitted, res.tokens, res.num_tokens, stop_tokens)
         extra = jnp.take_along_axis(res.tokens, (res.num_tokens - 1)[:, None], axis=1)[:, 0]
         last_acc = jnp.take_along_axis(res.tokens, jnp.maximum(res.num_accepted - 1, 0)[:, None], axis=1)[:, 0]
         prev = jnp.where(res.num_accepted > 0, last_acc, state.root)  # the new last committed token
@@ -291,24 +278,25 @@ def speculative_round(
             prev=jnp.where(was_active, prev, state.prev),
             root=jnp.where(was_active, extra, state.root),
             tcache=tcache,
-            dcache=dcache,
+            dstate=dstate,
             emitted=emitted,
         )
     return nxt, res
 
 
-def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature) -> tuple[jax.Array, KVCache]:
+def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature):
     """Forward the root (``int32[B]``) at slot ``L`` and draw one token per row (``keys
-    [B]``) from the warped law: ``(token int32[B], cache with the root's K/V)``; ``lengths``
-    unchanged. The target-only step, and a speculative round with nothing to verify."""
+    [B]``) from the warped law: ``(token int32[B], cache with the root's K/V, the root's
+    features float32[B, 1, D])``; ``lengths`` unchanged. The target-only step, and a
+    speculative round with nothing to verify."""
     lengths = cache.lengths
     with jax.named_scope("verify"):
         mask = causal_cache_mask(lengths, 1, cache.capacity)  # [B, 1, S]
-        logits, cache = target(root[:, None], lengths[:, None], cache, mask)
-        probs = warp(logits[:, 0], temperature)  # [B, V]
+        feats, cache = target.features(root[:, None], lengths[:, None], cache, mask)
+        probs = warp(target.unembed(feats)[:, 0], temperature)  # [B, V]
     with jax.named_scope("accept"):
         tok = jax.vmap(sampling.sample_categorical)(keys, probs)  # [B]
-    return tok, cache
+    return tok, cache, feats
 
 
 def autoregressive_step(
@@ -319,7 +307,7 @@ def autoregressive_step(
     Returns ``(next root int32[B], cache, emitted)``."""
     b = root.shape[0]
     lengths = cache.lengths
-    tok, cache = _target_draw(target, warp, cache, root, keys, temperature)
+    tok, cache, _ = _target_draw(target, warp, cache, root, keys, temperature)
     was_active = emitted.active
     with jax.named_scope("commit"):
         cache = cache.replace(lengths=lengths + was_active.astype(jnp.int32))

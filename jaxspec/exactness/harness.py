@@ -72,7 +72,6 @@ replicated, so every process reads the same report.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -87,8 +86,10 @@ from jaxspec.checks import is_int
 from jaxspec.core import rules
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
+from jaxspec.decode.as_drafter import as_drafter
+from jaxspec.decode.drafter import DraftRequest
 from jaxspec.decode.round import RoundParts
-from jaxspec.exactness import mutants, stats
+from jaxspec.exactness import mutants, power, stats
 from jaxspec.exactness.exact_laws import (
     MAX_ACCEPT_TERMS,
     MAX_CELLS,
@@ -246,47 +247,6 @@ def _pooled_away(dof: int, cells: int) -> str:
     return ""
 
 
-def _binomial_min_pvalue(n: int, e: float) -> float:
-    """The smallest p-value of the two-sided exact binomial test of ``Binomial(n, e)`` over
-    every outcome: that of an extreme (0 or ``n``; the law is unimodal)."""
-    return min(float(_scipy_stats.binomtest(k, n, e).pvalue) for k in (0, n))
-
-
-def _gof_samples(probs) -> int:
-    """The fewest samples for which the χ² pooling of ``probs`` leaves at least two cells
-    (dof >= 1); 1 for a law of one cell."""
-    p = np.asarray(probs, np.float64)
-    p = p[p > 0]
-    if p.size < 2:
-        return 1
-    q = np.sort(p)[::-1]
-    # two dense cells, or one dense cell and a dense pool of the others
-    m = max(float(q[1]), min(float(q[0]), float(q[1:].sum())))
-    if m * 2**53 <= stats.MIN_EXPECTED:  # a sliver of mass off one cell: a lower bound is enough
-        return 2**53
-    n = max(1, math.ceil(stats.MIN_EXPECTED / m))
-    while len(stats.pool_cells(n * p, stats.MIN_EXPECTED)[0]) < 2:
-        n += 1
-    return n
-
-
-def _binomial_samples(e: float, threshold: float) -> int:
-    """The fewest samples whose most extreme outcome rejects ``Binomial(n, e)`` at ``threshold``."""
-    m = min(e, 1.0 - e)
-    n = 1 if m <= 0.0 else max(1, math.floor(math.log(threshold) / math.log(m)))
-    while n > 1 and _binomial_min_pvalue(n - 1, e) <= threshold:
-        n -= 1
-    while _binomial_min_pvalue(n, e) > threshold:
-        n += 1
-    return n
-
-
-def _tv_samples(n: int, mdt: float, bound: float) -> int:
-    """The fewest samples whose smallest detectable TV is below ``bound``, from its value
-    ``mdt`` at ``n`` samples (it scales as ``1 / sqrt(n)``)."""
-    return max(1, math.floor(n * (mdt / bound) ** 2) + 1)
-
-
 #: the default block size (rows per device per step): the most on CPU / on an accelerator,
 #: and the least a costly configuration is cut down to
 CHUNK_MAX = {"cpu": 1 << 14, "accelerator": 1 << 16}
@@ -296,18 +256,19 @@ CHUNK_MIN = {"cpu": 1 << 8, "accelerator": 1 << 12}
 CHUNK_SLACK = 3.0
 
 
-def sample_cost(target: ModelConfig, draft: ModelConfig, num_nodes: int, horizon: int) -> float:
+def sample_cost(target: ModelConfig, draft: ModelConfig | None, num_nodes: int, horizon: int) -> float:
     """Relative cost of one speculative sample: ``horizon`` rounds of ``num_nodes + 1``
     tree rows, each paying a fixed overhead, both models' parameters, and the
     vocabulary-wide sampling steps (warps, draws, residuals, ~``V**1.2``). The constants
     were fitted on this project's 2-core CPU (V = 4 to 1000, 5 k to 5.3 M parameters: within
     a few per cent of the measured samples/s); only ratios of this cost are used."""
     v = target.vocab_size
-    per_row = 79e3 + target.num_params() + draft.num_params() + 3594.0 * v**1.2
+    draft_params = 0 if draft is None else draft.num_params()  # None: a drafter without a model
+    per_row = 79e3 + target.num_params() + draft_params + 3594.0 * v**1.2
     return float((num_nodes + 1) * horizon * per_row)
 
 
-def default_chunk(devices, target: Transformer, draft: Transformer, num_nodes: int, horizon: int) -> int:
+def default_chunk(devices, target: Transformer, draft, num_nodes: int, horizon: int) -> int:
     """The block size ``verify`` uses when ``chunk_size`` is None: :data:`CHUNK_MAX`, halved
     while a block would cost more than :data:`CHUNK_SLACK` times the default tiny pair's
     (about 0.7 s a block on a 2-core CPU) by :func:`sample_cost`, down to :data:`CHUNK_MIN`,
@@ -316,7 +277,8 @@ def default_chunk(devices, target: Transformer, draft: Transformer, num_nodes: i
     run's counts stay a function of its arguments (``config["chunk_size"]`` records it)."""
     kind = "cpu" if devices[0].platform == "cpu" else "accelerator"
     ref = _pair_config()  # the default pair, its default tree (6 nodes) and horizon (3)
-    ratio = sample_cost(target.config, draft.config, num_nodes, horizon) / sample_cost(ref, ref, 6, 3)
+    draft_config = getattr(draft, "config", None)  # a model's or a head's; None for other drafters
+    ratio = sample_cost(target.config, draft_config, num_nodes, horizon) / sample_cost(ref, ref, 6, 3)
     chunk = CHUNK_MAX[kind]
     while chunk > CHUNK_MIN[kind] and chunk * ratio > CHUNK_SLACK * CHUNK_MAX[kind]:
         chunk //= 2
@@ -325,7 +287,7 @@ def default_chunk(devices, target: Transformer, draft: Transformer, num_nodes: i
 
 def verify(
     target: Transformer | None = None,
-    draft: Transformer | None = None,
+    draft=None,
     *,
     tree=DEFAULT_TREE,
     scheme: str = DEFAULT_SCHEME,
@@ -353,7 +315,9 @@ def verify(
     """Test that speculative decoding with this configuration samples the target's law.
 
     Args:
-      target, draft: the model pair (both or neither; default :func:`default_pair`).
+      target, draft: the target and its draft (both or neither; default :func:`default_pair`):
+        a draft model, a feature head, or any drafter of the :class:`~jaxspec.Drafter`
+        protocol, as :func:`jaxspec.generate` takes.
       tree, scheme, rule, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`.
         ``rule`` may be a function with the signature of
         :func:`jaxspec.core.acceptance.accept_core` (your own rule): it is sampled and
@@ -425,8 +389,9 @@ def verify(
         if devices is not None:
             raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")
         mesh = sharding.full_mesh(mesh)
-        for name, model in (("target", target), ("draft", draft)):
-            sharding.check_model_on_mesh(name, model.config, mesh)
+        sharding.check_model_on_mesh("target", target.config, mesh)
+        cfg = setup.spec_cfg
+        cfg.draft_def.check(target, DraftRequest(cfg.tree, cfg.scheme, mesh, ()))  # the drafter's own refusals
         devices = tuple(mesh.devices.flat)
         setup = dataclasses.replace(setup, **{f: dataclasses.replace(getattr(setup, f), mesh=mesh, split_rows=False)
                                               for f in ("spec_cfg", "first_cfg", "ar_cfg")})
@@ -457,6 +422,8 @@ def verify(
                              f"{' and '.join(k + 's' for k in kinds)} only, got tree = {tree!r}")
     if check_acceptance and isinstance(setup.spec_cfg.tree, DynamicTree):
         acc_note = "acceptance expectation not enumerated for dynamic trees (observed only)"
+    elif check_acceptance and not isinstance(draft, nnx.Module):
+        acc_note = "acceptance expectation not enumerated for a drafter other than a model (observed only)"
     elif check_acceptance and user_accept:
         acc_note = "acceptance expectation not enumerated for a replaced acceptance step (observed only)"
     elif check_acceptance and rule_label not in ("token", "block"):
@@ -470,10 +437,10 @@ def verify(
             acc_note = f"acceptance expectation not enumerated: {e}"
         timings["expected_acceptance_s"] = time.perf_counter() - t0
 
-    states = (nnx.split(target)[1], nnx.split(draft)[1])
+    states = (nnx.split(target)[1], as_drafter(draft)[1])  # the draft's params (None for a drafter without)
     if mesh is not None:
         states = (sharding.shard_state(states[0], target.config, mesh),
-                  sharding.shard_state(states[1], draft.config, mesh))
+                  sharding.shard_params(states[1], getattr(setup.spec_cfg.draft_def, "config", None), mesh))
     temps = (setup.temperature, setup.draft_temperature)
     base = jax.random.key(seed)
     common = dict(prompt=prompt, horizon=horizon, vocab=v, levels=levels, num_samples=num_samples,
@@ -524,7 +491,7 @@ def verify(
     acc_e = [] if acc_exp is None else [float(min(max(e, 0.0), 1.0)) for e in acc_exp]
     for d, (k, e) in enumerate(zip([] if acc_exp is None else first["accepted"], acc_e, strict=True)):
         pv = float(_scipy_stats.binomtest(int(k), num_samples, e).pvalue)
-        p_min = _binomial_min_pvalue(num_samples, e)
+        p_min = power.binomial_min_pvalue(num_samples, e)
         no_power = (f"its most extreme outcome has p = {p_min:.3g} > {a_test:.3g}: cannot reject on "
                     f"{num_samples} samples") if p_min > a_test else ""
         tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
@@ -536,13 +503,14 @@ def verify(
     tv_up = stats.tv_upper_bound(spec["joint"], exact_full, alpha=alpha)
     tv_ar = stats.total_variation(ar["joint"], exact_full)
     mdt = stats.min_detectable_tv(num_samples, max(law.probs.size, 2), alpha=a_test)
-    samples_needed = max([_tv_samples(num_samples, mdt, MAX_MIN_DETECTABLE_TV), _gof_samples(law.probs),
-                          *(_gof_samples(m) for m in law.marginals),
-                          *(_binomial_samples(e, a_test) for e in acc_e)])
+    samples_needed = max([power.tv_samples(num_samples, mdt, MAX_MIN_DETECTABLE_TV), power.gof_samples(law.probs),
+                          *(power.gof_samples(m) for m in law.marginals),
+                          *(power.binomial_samples(e, a_test) for e in acc_e)])
     config = {
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
         "scheme": scheme,
+        "drafter": type(setup.spec_cfg.draft_def).__name__,
         "rule": rule_resolved,
         # at temperature 0 the target law is a single sequence: the tests can only see whether
         # the decoder emits it, not whether it would sample the law at any other temperature

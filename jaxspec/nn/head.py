@@ -44,7 +44,7 @@ __all__ = [
     "FeatureHead",
     "head_config",
     "init_head",
-    "check_head_for",
+    "check_head_for", "check_head_config_for",
     "target_digest",
     "is_head_folder",
     "recorded_target_digest",
@@ -161,12 +161,18 @@ def check_head_for(name: str, head, target: Transformer) -> FeatureHead:
     else ``ValueError`` naming ``name``."""
     if not isinstance(head, FeatureHead):
         raise ValueError(f"{name}: expected a jaxspec FeatureHead, got {type(head).__name__}")
+    check_head_config_for(name, head.config, target)
+    return head
+
+
+def check_head_config_for(name: str, config: ModelConfig, target: Transformer) -> None:
+    """``ValueError`` naming ``name`` unless a head of ``config`` fits ``target`` (width,
+    vocabulary)."""
     for field in ("hidden_size", "vocab_size"):
-        hv, tv = getattr(head.config, field), getattr(target.config, field)
+        hv, tv = getattr(config, field), getattr(target.config, field)
         if hv != tv:
             raise ValueError(f"{name}: {field} = {hv}; expected the target's {field} = {tv} (a head reads the "
                              "target's features and logits through its LM head)")
-    return head
 
 
 def target_digest(target: Transformer) -> str:

@@ -73,6 +73,8 @@ __all__ = [
     "parse_mesh",
     "host_device_limit",
     "check_mesh",
+    "constrain_state",
+    "shard_params",
     "full_mesh",
     "mesh_shape",
     "axis_size",
@@ -280,8 +282,12 @@ def cache_specs(config: ModelConfig, mesh: Mesh, *, rows: bool = True) -> KVCach
     """A :class:`~jaxspec.nn.cache.KVCache` of PartitionSpecs: k/v ``[L, B, S, Hkv, hd]``
     split by rows over ``data`` (unless ``rows=False``: inside a ``shard_map`` that has made
     the data axis manual) and by KV heads over ``model`` when they are split there."""
+    return _cache_specs(config.num_key_value_heads, mesh, rows)
+
+
+def _cache_specs(kv_heads: int, mesh: Mesh, rows: bool) -> KVCache:
     m = axis_size(mesh, MODEL)
-    heads = _axis(mesh, MODEL) if m > 1 and _kv_split(config, m) else None
+    heads = _axis(mesh, MODEL) if m > 1 and kv_heads % m == 0 else None
     data = _axis(mesh, DATA) if rows else None
     kv = P(None, data, None, heads, None)
     return KVCache(k=kv, v=kv, lengths=P(data))
@@ -293,13 +299,43 @@ def constrain_cache(cache: KVCache, config: ModelConfig, mesh: Mesh | None, *, r
     creates, which XLA would otherwise choose by propagation."""
     if mesh is None:
         return cache
-    specs = cache_specs(config, mesh, rows=rows)
+    return _constrain_kv(cache, config.num_key_value_heads, mesh, rows)
+
+
+def _constrain_kv(cache: KVCache, kv_heads: int, mesh: Mesh, rows: bool) -> KVCache:
+    specs = _cache_specs(kv_heads, mesh, rows)
     # inside a shard_map (rows=False) the context mesh has a manual data axis: a bare spec
     # refers to it, a NamedSharding on the all-automatic mesh would not match it
     return jax.tree.map(
         lambda x, s: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, s) if rows else s), cache, specs,
         is_leaf=lambda s: isinstance(s, P),
     )
+
+
+def constrain_state(tree, mesh: Mesh | None, *, rows: bool = True):
+    """A drafter's loop state under its layout on ``mesh`` (identity when ``mesh`` is
+    None): every :class:`~jaxspec.nn.cache.KVCache` in it as :func:`constrain_cache` lays a
+    model's out (its KV heads read from its shape), every other array split by rows
+    (:func:`constrain_rows`)."""
+    if mesh is None:
+        return tree
+
+    def one(x):
+        if isinstance(x, KVCache):
+            return _constrain_kv(x, x.k.shape[3], mesh, rows)
+        return constrain_rows(x, mesh, rows=rows)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
+def shard_params(params, config: ModelConfig | None, mesh: Mesh):
+    """A drafter's params placed on ``mesh``: by :func:`param_specs` when the drafter
+    states its model ``config``, else replicated (``None`` stays ``None``)."""
+    if params is None:
+        return None
+    if config is not None:
+        return shard_state(params, config, mesh)
+    return jax.tree.map(lambda x: put(x, replicated(mesh)), params)
 
 
 def constrain_rows(tree, mesh: Mesh | None, *, rows: bool = True):

@@ -66,6 +66,7 @@ from jaxspec.checks import is_int
 from jaxspec.core import rules, sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import StaticTree
+from jaxspec.decode.draft import ModelDraft
 from jaxspec.decode.round import (
     RoundConfig,
     RoundParts,
@@ -385,7 +386,7 @@ def measure_round_cost(
     round_cfg = RoundConfig(tree, scheme, Warp(top_k, top_p), Warp(dk, dp), parts)
     t_warp = round_cfg.target_warp
     tdef, tstate = nnx.split(target)
-    ddef, dstate = nnx.split(draft)
+    drafter, dstate = ModelDraft.of(draft)
     length = cap - n - 2  # root + N nodes written at slots length .. length + N
     full_mask = tree.full_mask  # [N + 1, N + 1]
     depth_full = full_mask.sum(axis=1) - 1  # [N + 1], root 0
@@ -393,7 +394,7 @@ def measure_round_cost(
 
     @jax.jit
     def run_round(tstate, dstate, key, temp, dtemp):
-        tm, dm = nnx.merge(tdef, tstate), nnx.merge(ddef, dstate)
+        tm, dm = nnx.merge(tdef, tstate), nnx.merge(drafter.definition, dstate)
         tcache0, dcache0 = _full_cache(tm, b, cap, length), _full_cache(dm, b, cap, length)
         zeros = jnp.zeros((b,), jnp.int32)
         # room for every token of every round: no row ends, so every round does all its work
@@ -403,10 +404,10 @@ def measure_round_cost(
         def body(i, carry):
             st, total = carry
             keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
-            st, res = speculative_round(round_cfg, tm, dm, st, keys, temp, dtemp, no_stop)
+            st, res = speculative_round(round_cfg, tm, drafter, dstate, st, keys, temp, dtemp, no_stop)
             # back to the same fill: every timed round attends over the same cache
             st = st._replace(tcache=st.tcache.replace(lengths=tcache0.lengths),
-                             dcache=st.dcache.replace(lengths=dcache0.lengths))
+                             dstate=st.dstate.replace(lengths=dcache0.lengths))
             return st, total + res.num_tokens.sum()
 
         return jax.lax.fori_loop(0, loops, body, (st0, jnp.int32(0)))[1]
