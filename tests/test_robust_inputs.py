@@ -253,3 +253,78 @@ def test_verify_library_refuses_too_many_cells_with_a_top_k(monkeypatch):
     monkeypatch.setattr(harness, "exact_law", lambda *a, **k: pytest.fail("exact_law was called"))
     with pytest.raises(ValueError, match=r"top_k = 100, horizon = 12: 4\*\*12 = 16777216 joint cells"):
         jaxspec.verify(top_k=100, horizon=12, num_samples=1000, progress=False)
+
+
+# ----------------------------------------------------------------------------- a caller's rule or drafter
+
+def _caller_code_cases():
+    """(name, a rule or a draft that breaks the protocol, the message expected): each is run
+    under jax.eval_shape before the loop is traced, and named by its field."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jaxspec.core.token_rule import accept_core
+
+    sys.path.insert(0, str(HERE))
+    from _user_drafter import Bigram
+
+    def tuple_rule(*a):
+        return tuple(accept_core(*a))
+
+    def float_rule(*a):
+        r = accept_core(*a)
+        return r._replace(tokens=r.tokens.astype(jnp.float32))
+
+    @dataclasses.dataclass(frozen=True)
+    class FloatTokens(Bigram):
+        def propose(self, *a):
+            p = super().propose(*a)
+            return p._replace(tokens=p.tokens.astype(jnp.float32))
+
+    @dataclasses.dataclass(frozen=True)
+    class StateGrows(Bigram):
+        def commit(self, params, state, outcome, commit_cache):
+            return (outcome.num,)
+
+    @dataclasses.dataclass(frozen=True)
+    class NoLaws(Bigram):
+        def propose(self, *a):
+            return super().propose(*a)._replace(probs=None)
+
+    @dataclasses.dataclass(frozen=True)
+    class Typo(Bigram):
+        def propose(self, params, target, state, ctx, keys, law):
+            return ctx.roots
+
+    return [
+        ("rule", tuple_rule, r"rule = .*tuple_rule: returned tuple; expected a jaxspec.AcceptResult"),
+        ("rule", float_rule, r"rule = .*float_rule: AcceptResult.tokens = float32\[7\]; expected int32\[7\]"),
+        ("draft", FloatTokens, r"draft: FloatTokens.propose: Proposal.tokens = float32\[2, 6\]; expected int32\[2, 6\]"),
+        ("draft", StateGrows, r"draft: StateGrows.commit returned its state with structure .*expected init's"),
+        ("draft", NoLaws, r"draft: NoLaws.propose returned probs = None \(fixed choices\) under scheme 'iid'"),
+        ("draft", Typo, r"draft: Typo.propose failed when traced .*AttributeError: .*'roots'"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_caller_rule_or_drafter_breaking_the_protocol_is_named(case):
+    """A rule returning the wrong structure or dtype, or a drafter whose proposal or state
+    breaks the protocol, used to fail inside the traced loop (``DynamicJaxprTracer has no
+    attribute num_tokens``, a ``while_loop`` carry mismatch). Checked once with
+    ``jax.eval_shape`` on abstract inputs, before the loop: named with its field."""
+    import jax
+
+    import jaxspec
+    from _tiny import tiny_pair
+
+    kind, obj, match = _caller_code_cases()[case]
+    target, draft = tiny_pair(0, vocab_size=8)
+    kw = dict(max_new_tokens=2, tree="branch:2,2", scheme="iid")
+    with pytest.raises(ValueError, match=match):
+        if kind == "rule":
+            jaxspec.generate(jax.random.key(0), target, draft, [[1], [2]], rule=obj, **kw)
+        else:
+            table = np.zeros((8, 8), np.float32)
+            holder = type("Holder", (), {"to_drafter": lambda self: (obj(8), table)})()
+            jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], **kw)

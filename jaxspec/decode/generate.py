@@ -58,6 +58,7 @@ from jaxspec.decode.round import (
 )
 from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.drafter import Drafter, DraftRequest, Prompt
+from jaxspec.decode.output_checks import check_drafter_output, check_rule_output, is_library_code
 from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
@@ -951,6 +952,9 @@ def generate(
         raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
                          "prompts, so pass on_round=None (or rows=None)")
     cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
+    check_drafter_output(drafter, dstate, target, tree=cfg.tree, scheme=cfg.scheme, warp=cfg.draft_warp,
+                         batch=cfg.rows or tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
+                         budget=cfg.max_new_tokens)
     return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop, on_round=on_round)
 
 
@@ -1167,8 +1171,12 @@ def build_config(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
     rows = _check_rows(rows, mesh)
-    cfg = SpecConfig(tdef, drafter, spec, scheme, target_warp, draft_warp, m, capacity,
-                     parts=_with_rule(_check_parts(parts), rule, scheme, spec), mesh=mesh, rows=rows)
+    parts = _with_rule(_check_parts(parts), rule, scheme, spec)
+    if not is_library_code(parts.accept):  # a caller's rule: its output checked once, before any loop
+        name = "rule" if parts.accept is rule else "parts.accept"
+        check_rule_output(parts.accept, scheme, spec.num_nodes, v, name)
+    cfg = SpecConfig(tdef, drafter, spec, scheme, target_warp, draft_warp, m, capacity, parts=parts, mesh=mesh,
+                     rows=rows)
     return cfg, t_temp, d_temp
 
 

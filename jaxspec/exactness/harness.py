@@ -88,6 +88,7 @@ from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.drafter import DraftRequest
+from jaxspec.decode.output_checks import check_drafter_output
 from jaxspec.decode.round import RoundParts
 from jaxspec.exactness import mutants, power, stats
 from jaxspec.exactness.exact_laws import (
@@ -438,6 +439,9 @@ def verify(
         timings["expected_acceptance_s"] = time.perf_counter() - t0
 
     states = (nnx.split(target)[1], as_drafter(draft)[1])  # the draft's params (None for a drafter without)
+    check_drafter_output(spec_cfg.draft_def, states[1], target, tree=spec_cfg.tree, scheme=spec_cfg.scheme,
+                         warp=spec_cfg.draft_warp, batch=chunk, width=setup.widths["spec"],
+                         capacity=spec_cfg.capacity, budget=spec_cfg.max_new_tokens)
     if mesh is not None:
         states = (sharding.shard_state(states[0], target.config, mesh),
                   sharding.shard_params(states[1], getattr(setup.spec_cfg.draft_def, "config", None), mesh))
