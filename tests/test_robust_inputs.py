@@ -328,3 +328,31 @@ def test_caller_rule_or_drafter_breaking_the_protocol_is_named(case):
             table = np.zeros((8, 8), np.float32)
             holder = type("Holder", (), {"to_drafter": lambda self: (obj(8), table)})()
             jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], **kw)
+
+
+# ----------------------------------------------------------------------------- q = 0 drafts
+
+def test_speculative_accept_refuses_a_token_the_draft_law_could_not_draw():
+    """A drafted token whose ``draft_probs`` entry is 0 was accepted with certainty
+    (``p / q = inf``): 4 of 4 such tokens accepted, a law far from p, no error. That is the
+    sign of ``q`` computed under other warps than the draws (Hugging Face #47932). With
+    concrete inputs it is refused, naming the node, the token and its q; without replacement
+    a sibling may have q = 0 once the earlier ones took q's whole mass; the deterministic
+    scheme reads no q."""
+    import jax
+
+    from jaxspec import speculative_accept
+
+    v = 4
+    p = np.full((3, v), 0.25, np.float32)
+    q = np.array([[0.5, 0.5, 0.0, 0.0]] * 3, np.float32)
+    key = jax.random.key(0)
+    for scheme in ("iid", "without_replacement"):
+        with pytest.raises(ValueError, match=r"tokens\[1\] = 3: draft_probs\[0\]\[3\] = 0, so the draft law of "
+                                             r"node 1's parent row could not have drawn it"):
+            speculative_accept(key, [-1, -1], np.array([0, 3]), p, q, scheme=scheme)
+    # without replacement, siblings 0 and 1 exhaust q's support: a third child has q = 0
+    r = speculative_accept(key, [-1, -1, -1], np.array([0, 1, 2]), np.full((4, v), 0.25, np.float32),
+                           np.array([[0.5, 0.5, 0.0, 0.0]] * 4, np.float32), scheme="without_replacement")
+    assert int(r.num_tokens) >= 1
+    speculative_accept(key, [-1, -1], np.array([0, 3]), p, q, scheme="deterministic")  # q is not read

@@ -21,7 +21,7 @@ from jaxspec.checks import is_concrete
 from jaxspec.core import tree as treelib
 from jaxspec.core.sampling import array_dtype, check_scheme, check_tokens, row_sum_tol
 
-__all__ = ["AcceptResult", "Rule", "TreeStructure", "accept_result", "check_inputs", "tree_structure"]
+__all__ = ["AcceptResult", "Rule", "TreeStructure", "accept_result", "check_drawable", "check_inputs", "tree_structure"]
 
 
 class AcceptResult(NamedTuple):
@@ -131,6 +131,34 @@ def tree_structure(parents) -> TreeStructure:
         jnp.sum(earlier, axis=1, dtype=jnp.int32),
     )
 
+
+
+def check_drawable(parents, tokens, draft_probs, scheme: str) -> None:
+    """With concrete inputs under a sampling scheme (``iid``, ``without_replacement``):
+    ``ValueError`` naming the first node whose token its draft law could not have drawn,
+    ``draft_probs[parent row][token] == 0``. Such a token is accepted with certainty
+    (``p / q = inf``): the sign that ``draft_probs`` is not the law the tokens were drawn
+    from (other warps than the draws'), which no lossless rule can repair. Without
+    replacement a sibling may have ``q = 0`` once the earlier siblings took all of ``q``'s
+    mass. The ``deterministic`` scheme reads no ``q``."""
+    if scheme == "deterministic" or not all(is_concrete(x) for x in (parents, tokens, draft_probs)):
+        return
+    par = np.asarray(parents, np.int64)
+    tok = np.asarray(tokens, np.int64)
+    q = np.asarray(draft_probs, np.float64)
+    tol = row_sum_tol(np.asarray(draft_probs).dtype)
+    taken: dict[int, list[int]] = {}
+    for i, (p, t) in enumerate(zip(par.tolist(), tok.tolist())):
+        row = p + 1
+        earlier = taken.setdefault(row, [])
+        if q[row, t] <= 0.0:
+            left = 1.0 - q[row, sorted(set(earlier))].sum() if scheme == "without_replacement" else 1.0
+            if left > tol:
+                raise ValueError(
+                    f"tokens[{i}] = {t}: draft_probs[{row}][{t}] = 0, so the draft law of node {i}'s parent row "
+                    f"could not have drawn it; expected draft_probs to be the law the tokens were drawn from "
+                    f"(after the same warps)")
+        earlier.append(t)
 
 
 def check_inputs(parents, tokens, target_probs, draft_probs, scheme):

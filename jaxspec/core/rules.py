@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxspec.checks import is_concrete
 from jaxspec.core.block import block_accept, is_chain
-from jaxspec.core.rule_types import AcceptResult, check_inputs
+from jaxspec.core.rule_types import AcceptResult, check_drawable, check_inputs
 from jaxspec.core.sampling import SCHEMES, check_key
 from jaxspec.core.token_rule import accept_core
 from jaxspec.core.traversal import traversal_accept
@@ -163,6 +163,7 @@ def speculative_accept(key, parents, tokens, target_probs, draft_probs, *, schem
     """
     key = check_key(key)
     check_inputs(parents, tokens, target_probs, draft_probs, scheme)
+    check_drawable(parents, tokens, draft_probs, scheme)
     if isinstance(rule, str) and rule == "token":
         return accept_core(key, parents, tokens, target_probs, draft_probs, scheme)
     if isinstance(rule, str) and not is_concrete(parents):
