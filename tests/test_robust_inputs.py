@@ -356,3 +356,48 @@ def test_speculative_accept_refuses_a_token_the_draft_law_could_not_draw():
                            np.array([[0.5, 0.5, 0.0, 0.0]] * 4, np.float32), scheme="without_replacement")
     assert int(r.num_tokens) >= 1
     speculative_accept(key, [-1, -1], np.array([0, 3]), p, q, scheme="deterministic")  # q is not read
+
+
+# ----------------------------------------------------------------------------- sizes that cannot fit
+
+@pytest.mark.parametrize("spec,needle", [
+    ("chain:200", "tree spec 'chain:200': depth 200 exceeds MAX_TREE_DEPTH = 64"),
+    ("chain:1000000000", "tree spec 'chain:1000000000': 1000000000 nodes exceed MAX_TREE_NODES = 1024"),
+    ("branch:1000000000", "tree spec 'branch:1000000000': 1000000000 nodes exceed MAX_TREE_NODES = 1024"),
+    ("dynamic:depth=3,topk=1000,nodes=10", "candidates per round exceed MAX_DYNAMIC_POOL = 65536"),
+])
+def test_trees_that_cannot_fit_are_refused_before_anything_is_built(spec, needle, capsys):
+    """``--tree chain:200`` was killed by the kernel while compiling 200 unrolled draft
+    forwards, ``chain:1000000000`` raised MemoryError and ``branch:1000000000`` was killed:
+    the node count and the depth are known from the spec, and refused from it (exit 2)."""
+    assert main(["generate", "--tree", spec, "--prompt", "hi", "--max-new-tokens", "4"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_generate_refuses_more_rows_than_fit_and_says_how_many_do(monkeypatch):
+    """A million rows of a tiny model asked for 80 GB and were killed: the memory of a call
+    is estimated from its shapes first (jaxspec.decode.memory), and a call that cannot fit
+    is refused with the number of rows that would, as ``rows=`` (continuous batching)."""
+    import re
+
+    import jax
+
+    import jaxspec
+    from jaxspec.decode import memory
+
+    sys.path.insert(0, str(HERE))
+    from _tiny import tiny_pair
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 8 << 30)  # a machine of 8 GiB
+    target, draft = tiny_pair(0, vocab_size=264)
+    prompts = np.ones((10**6, 4), np.int32)
+    with pytest.raises(ValueError, match=r"prompts: 1000000 rows would need about [\d.]+ GiB .* more than the "
+                                         r"device's 8.0 GiB; about (\d+) rows fit: pass fewer prompts, or rows=\d+"):
+        jaxspec.generate(jax.random.key(0), target, draft, prompts, max_new_tokens=32)
+    with pytest.raises(ValueError, match=r"prompts: 1000000 rows would need"):
+        jaxspec.generate_autoregressive(jax.random.key(0), target, prompts, max_new_tokens=32)
+    try:
+        jaxspec.generate(jax.random.key(0), target, draft, prompts, max_new_tokens=32)
+    except ValueError as e:
+        fit = int(re.search(r"about (\d+) rows fit", str(e)).group(1))
+    assert 10**5 < fit < 10**6  # the tiny model's rows: a few kB each

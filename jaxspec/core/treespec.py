@@ -33,7 +33,38 @@ import numpy as np
 from jaxspec.checks import is_int
 from jaxspec.core import tree as treelib
 
-__all__ = ["StaticTree", "DynamicTree", "resolve_tree", "parse_tree"]
+__all__ = ["StaticTree", "DynamicTree", "resolve_tree", "parse_tree", "MAX_TREE_NODES", "MAX_TREE_DEPTH",
+           "MAX_DYNAMIC_POOL"]
+
+#: the most nodes a tree may have: the verification forward covers every node and the tree
+#: masks are N x N (the trees that pay have tens of nodes)
+MAX_TREE_NODES = 1024
+#: the deepest a tree may be: each level is one draft forward, unrolled in the compiled program
+MAX_TREE_DEPTH = 64
+#: the most candidates a DynamicTree may draft per round (``topk + (depth - 1) * topk**2``)
+MAX_DYNAMIC_POOL = 1 << 16
+
+
+def check_tree_size(what: str, nodes: int, depth: int) -> None:
+    """``ValueError`` naming ``what`` when a tree of ``nodes`` nodes and ``depth`` levels
+    exceeds :data:`MAX_TREE_NODES` or :data:`MAX_TREE_DEPTH`: checked before any array of
+    the tree is built."""
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(f"{what}: {nodes} nodes exceed MAX_TREE_NODES = {MAX_TREE_NODES} (the verification forward "
+                         "covers every node and the tree masks are N x N; trees that pay have tens of nodes)")
+    if depth > MAX_TREE_DEPTH:
+        raise ValueError(f"{what}: depth {depth} exceeds MAX_TREE_DEPTH = {MAX_TREE_DEPTH} (each level is one draft "
+                         "forward, unrolled in the compiled program)")
+
+
+def _branching_size(widths) -> int:
+    """Nodes of a per-level branching tree, counted without building it (Python integers:
+    exact for any widths)."""
+    total, level = 0, 1
+    for w in widths:
+        level *= max(int(w), 0)
+        total += level
+    return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +78,11 @@ class StaticTree:
     parents: tuple[int, ...]
 
     def __post_init__(self):
+        if len(self.parents) > MAX_TREE_NODES:
+            check_tree_size("tree", len(self.parents), 0)
         par = treelib.validate_parents(np.asarray(self.parents, np.int64), name="tree")
         depth = _depths(par)
+        check_tree_size("tree", par.size, int(depth.max(initial=0)))
         if np.any(np.diff(depth) < 0):
             raise ValueError(
                 f"StaticTree.parents = {list(self.parents)}: expected breadth-first order "
@@ -167,6 +201,10 @@ class DynamicTree:
                 f"{self.num_nodes} nodes reaches depth {self.num_nodes} at most, while each round would "
                 f"run {self.depth} draft forwards; expected num_nodes >= depth (e.g. depth={self.num_nodes})"
             )
+        check_tree_size(f"DynamicTree(num_nodes={self.num_nodes}, depth={self.depth})", self.num_nodes, self.depth)
+        if self.pool_size > MAX_DYNAMIC_POOL:
+            raise ValueError(f"DynamicTree.topk = {self.topk}: topk + (depth - 1) * topk**2 = {self.pool_size} "
+                             f"candidates per round exceed MAX_DYNAMIC_POOL = {MAX_DYNAMIC_POOL}")
         if self.num_nodes > self.pool_size:
             raise ValueError(
                 f"DynamicTree.num_nodes = {self.num_nodes}: expected at most "
@@ -206,6 +244,7 @@ def resolve_tree(tree) -> StaticTree | DynamicTree:
     if is_int(tree):
         if tree < 1:
             raise ValueError(f"tree = {tree!r}: expected a chain length >= 1")
+        check_tree_size(f"tree = {tree!r}", int(tree), int(tree))
         return StaticTree.from_parents(treelib.chain(int(tree)))
     if isinstance(tree, (Sequence, np.ndarray)) and not isinstance(tree, (bytes, bytearray)):
         try:
@@ -218,8 +257,10 @@ def resolve_tree(tree) -> StaticTree | DynamicTree:
                 "starting with -1, or per-level branching widths >= 1)"
             )
         if int(arr[0]) == -1:
+            check_tree_size(f"tree = parents of length {arr.size}", arr.size, 0)
             return StaticTree.from_parents(arr)
         if np.all(arr >= 1):
+            check_tree_size(f"tree = {tuple(arr.tolist())}", _branching_size(arr.tolist()), arr.size)
             return StaticTree.from_parents(treelib.branching(tuple(int(w) for w in arr)))
         raise ValueError(
             f"tree = {list(arr.tolist())}: expected parents (first entry -1) or per-level "
@@ -274,16 +315,21 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
             vals = _ints(spec, body)
             if len(vals) != 1:
                 raise ValueError("expected one integer, e.g. 'chain:4'")
+            if vals[0] >= 1:
+                check_tree_size(f"tree spec {spec!r}", vals[0], vals[0])
             return resolve_tree(vals[0])
         if kind in ("branch", "branching"):
             vals = _ints(spec, body)
             if not vals:
                 raise ValueError("expected widths, e.g. 'branch:3,2,1'")
+            if all(w >= 1 for w in vals):
+                check_tree_size(f"tree spec {spec!r}", _branching_size(vals), len(vals))
             return StaticTree.from_parents(treelib.branching(tuple(vals)))
         if kind == "parents":
             vals = _ints(spec, body)
             if not vals:
                 raise ValueError("expected parents, e.g. 'parents:-1,0,0,1'")
+            check_tree_size(f"tree spec {spec!r}", len(vals), 0)
             return StaticTree.from_parents(vals)
         if kind == "dynamic":
             names = {"depth": "depth", "topk": "topk", "k": "topk", "nodes": "num_nodes", "num_nodes": "num_nodes"}

@@ -58,6 +58,7 @@ from jaxspec.decode.round import (
 )
 from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.drafter import Drafter, DraftRequest, Prompt
+from jaxspec.decode.memory import check_generate_memory
 from jaxspec.decode.output_checks import check_drafter_output, check_rule_output, is_library_code
 from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn import sharding
@@ -952,6 +953,9 @@ def generate(
         raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
                          "prompts, so pass on_round=None (or rows=None)")
     cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
+    check_generate_memory(target.config, getattr(drafter, "config", None), rows=cfg.rows or tokens.shape[0],
+                          width=tokens.shape[1], capacity=cfg.capacity, tree_rows=cfg.num_nodes + 1,
+                          what="rows" if cfg.rows else "prompts")
     check_drafter_output(drafter, dstate, target, tree=cfg.tree, scheme=cfg.scheme, warp=cfg.draft_warp,
                          batch=cfg.rows or tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
                          budget=cfg.max_new_tokens)
@@ -1082,6 +1086,8 @@ def generate_autoregressive(
         top_k=top_k, top_p=top_p, mesh=mesh, graphdef=tdef,
     )
     cfg, tokens = bucket_config(cfg, tokens, (target,), bucket)
+    check_generate_memory(target.config, None, rows=tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
+                          tree_rows=1)
     return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop, on_round=_check_on_round(on_round))
 
 
