@@ -152,7 +152,7 @@ def test_parse():
     assert LayerSkipDraft.parse(" Layers: 3 ") == LayerSkipDraft(3)
     assert LayerSkipDraft.parse(LayerSkipDraft(5).spec) == LayerSkipDraft(5)
     for bad, match in [("layers:x", r"draft spec = 'layers:x': expected 'layers:K' with an integer K >= 1"),
-                       ("layers:0", r"draft spec = 'layers:0': expected 'layers:K' with an integer K >= 1"),
+                       ("layers:0", r"draft spec = 'layers:0': LayerSkipDraft.layers = 0: expected an integer >= 1"),
                        ("layers:", r"draft spec = 'layers:': expected 'layers:K' with an integer K >= 1"),
                        ("layer:2", r"draft spec = 'layer:2': expected 'layers:K' \(the target's first K layers")]:
         with pytest.raises(ValueError, match=match):
@@ -177,7 +177,7 @@ def _cli(capsys, *argv):
          "--tree auto: chooses a tree by timing a draft model; with --draft layers:2 pass a tree such as "
          "--tree chain:4"),
         (["--draft", "layers:x"], "--draft: draft spec = 'layers:x': expected 'layers:K' with an integer K >= 1"),
-        (["--draft", "layers:0"], "--draft: draft spec = 'layers:0': expected 'layers:K' with an integer K >= 1"),
+        (["--draft", "layers:0"], "--draft: draft spec = 'layers:0': LayerSkipDraft.layers = 0: expected an integer >= 1"),
         (["--draft", "layers:7"], "layers = 7 (LayerSkipDraft): the target has 6 layers; expected 1 .. 6"),
     ],
     ids=["tree-auto", "not-an-integer", "zero", "more-than-the-target"],

@@ -492,8 +492,8 @@ def _lookup_draft(args):
     if args.baseline or args.draft is None:
         return None
     spec = args.draft.strip().lower()
-    if not spec.startswith(("ngram", "layers:")) or pathlib.Path(args.draft).exists():  # a model folder
-        return None
+    if pathlib.Path(args.draft).exists() or not (spec.startswith("ngram") or spec.partition(":")[0] == "layers"):
+        return None  # a model: a folder (even one called ngram), a name or a file
     from jaxspec.decode.layer_skip import LayerSkipDraft
     from jaxspec.decode.ngram import NgramDraft
 

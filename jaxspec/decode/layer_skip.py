@@ -66,9 +66,13 @@ class LayerSkipDraft:
         if kind.strip().lower() != "layers":
             raise ValueError(f"draft spec = {spec!r}: expected 'layers:K' (the target's first K layers draft)")
         try:
-            return cls(int(value.strip()))
+            k = int(value.strip())
         except ValueError:
             raise ValueError(f"draft spec = {spec!r}: expected 'layers:K' with an integer K >= 1") from None
+        try:
+            return cls(k)
+        except ValueError as e:
+            raise ValueError(f"draft spec = {spec!r}: {e}") from None
 
     @property
     def spec(self) -> str:
