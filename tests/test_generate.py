@@ -25,6 +25,7 @@ from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree, resolve_t
 # the module itself: once the package re-exports the function ``generate``, the
 # attribute ``jaxspec.generate`` is that function
 from jaxspec.decode import generate as gen
+from jaxspec.decode import inputs
 
 SCHEMES = sampling.SCHEMES
 V = 8
@@ -504,7 +505,7 @@ def test_boundary_validation(pair):
 def test_stop_tokens_accept_arrays():
     """stop_tokens as an int, a sequence, a 0-d / 1-d numpy or jax array: the same sorted,
     de-duplicated tuple; bad arrays are refused with the argument named."""
-    check = gen._check_stop
+    check = inputs.check_stop
     assert check(3, 8) == check([3], 8) == check(np.array(3), 8) == check(jnp.array([3]), 8) == (3,)
     assert check(np.array([5, 1, 5], np.int32), 8) == (1, 5)
     assert check(np.array([], np.int32), 8) == ()

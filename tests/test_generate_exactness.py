@@ -49,6 +49,7 @@ from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sam
 from jaxspec.core.treespec import DynamicTree
 
 from jaxspec.decode import generate as gen
+from jaxspec.decode import loops
 
 ALPHA_FAMILY = 1e-3
 NUM_TESTS = 110
@@ -378,7 +379,7 @@ QUEUE_MUTANTS = ["keeps-target-length", "keeps-root"]
 def test_harness_rejects_broken_refills(mutant, monkeypatch):
     """The queue test has power: a refill that keeps one piece of the previous prompt's
     state is rejected on both prompts' laws together (the smaller p of the two groups)."""
-    real = gen._set_row
+    real = loops.set_row
 
     def broken(state, one, row):
         new = real(state, one, row)
@@ -386,7 +387,7 @@ def test_harness_rejects_broken_refills(mutant, monkeypatch):
             return new._replace(tcache=new.tcache.replace(lengths=state.tcache.lengths))
         return new._replace(root=state.root)
 
-    monkeypatch.setattr(gen, "_set_row", broken)
+    monkeypatch.setattr(loops, "set_row", broken)
     tree, scheme, warp_key = RAGGED_CASE
     target, draft = _pair()
     prompts = [RAGGED[r % len(RAGGED)] for r in range(CHUNK)]
