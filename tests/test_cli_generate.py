@@ -46,8 +46,8 @@ def _run(capsys, *argv):
         (["--prompt", "x" * 300],
          "--prompt: 300 tokens; expected at most 250 tokens, so that the prompt, at least one new token and "
          "--tree chain:4 (4 slots + 1) fit the target's and the draft's context"),
-        (["--prompt", "x", "--tree", "branch:1000,1000"],
-         "--tree branch:1000,1000: 1001000 tree slots + 1; expected at most 253 slots"),
+        (["--prompt", "x", "--tree", "branch:16,16"],
+         "--tree branch:16,16: 272 tree slots + 1; expected at most 253 slots"),
         (["--prompt", "x", "--tree", "dynamic:depth=3,topk=4,nodes=6", "--max-new-tokens", "250"],  # 8 scratch slots
          "--max-new-tokens = 250: expected <= 246, so that the new tokens, this 1-token prompt and "
          "--tree dynamic:depth=3,topk=4,nodes=6 (8 slots + 1) fit"),
