@@ -17,7 +17,7 @@ from flax import nnx
 from jaxspec.core import sampling
 from jaxspec.nn.cache import commit
 from jaxspec.core.sampling import Warp
-from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.decode.draft import ModelDraft, propose_dynamic, propose_static
 from jaxspec.decode.round import RoundParts
 from jaxspec.nn.model import init_model, prefill
 from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree, resolve_tree
@@ -130,9 +130,9 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
         return m
 
     tdef, tstate = nnx.split(target)
-    ddef, dstate = nnx.split(draft)
+    drafter, dstate = ModelDraft.of(draft)
     cfg = gen.SpecConfig(
-        tdef, ddef, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, 3 + 5 + 4 + 1,
+        tdef, drafter, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, 3 + 5 + 4 + 1,
         parts=RoundParts(verify_mask=counting_mask),
     )
     with _CountTraces() as counter:

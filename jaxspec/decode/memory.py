@@ -27,8 +27,11 @@ VOCAB_ROWS_ALIVE = 6
 def device_memory_bytes() -> int | None:
     """The memory of the default device: its ``bytes_limit`` where JAX reports one (GPU,
     TPU), else the machine's physical memory (CPU); ``None`` when neither is known."""
-    dev = jax.devices()[0]
-    stats = getattr(dev, "memory_stats", lambda: None)()
+    dev = jax.local_devices()[0]  # this process's own (another process's devices report nothing)
+    try:
+        stats = dev.memory_stats()
+    except Exception:  # noqa: BLE001  (a backend without memory statistics)
+        stats = None
     if stats and stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     try:
