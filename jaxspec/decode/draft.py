@@ -57,32 +57,68 @@ from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.nn.model import prefill
 
-__all__ = ["ModelDraft", "propose_static", "propose_dynamic", "draw_children"]
+__all__ = ["ModuleDraft", "ModelDraft", "model_scheme", "model_forwards", "propose_with_model", "propose_static",
+           "propose_dynamic", "draw_children"]
+
+
+def model_scheme(request: DraftRequest) -> str:
+    """The sibling scheme a drafter that runs a model serves: any scheme on a static tree
+    (default ``without_replacement``), ``deterministic`` only on a DynamicTree (its
+    candidates are fixed choices); ``ValueError`` naming the scheme otherwise."""
+    if isinstance(request.tree, DynamicTree):
+        if request.scheme not in (None, "deterministic"):
+            raise ValueError(f"scheme = {request.scheme!r}: a DynamicTree chooses fixed candidates; expected "
+                             "scheme='deterministic'")
+        return "deterministic"
+    return "without_replacement" if request.scheme is None else request.scheme
+
+
+def model_forwards(tree) -> int:
+    """Draft forwards per round of a model: D for a static tree of depth D (the deepest
+    level is never forwarded), depth + 1 for a DynamicTree."""
+    return tree.depth + (1 if isinstance(tree, DynamicTree) else 0)
+
+
+def propose_with_model(model, cache: KVCache, ctx: Context, keys, law: DraftLaw) -> Proposal:
+    """A model's proposal (:func:`propose_static`, or :func:`propose_dynamic` for a
+    DynamicTree) from ``cache`` (lengths ``L``); the proposal's state is the cache with the
+    tree written."""
+    if isinstance(law.tree, DynamicTree):
+        tokens, parents, _, cache = propose_dynamic(model, cache, ctx.root, law.tree, law.warp, law.temperature)
+        return Proposal(tokens, cache, parents=parents)
+    tokens, probs, cache = propose_static(model, cache, ctx.prev, ctx.root, keys, law.tree, law.scheme, law.warp,
+                                          law.temperature)
+    return Proposal(tokens, cache, probs=probs)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDraft:
-    """A draft :class:`~jaxspec.nn.model.Transformer` as a drafter: ``definition`` its
-    ``nnx.GraphDef``, ``config`` its configuration; its ``nnx.state`` is the params. Its
-    state is its own KV cache, in the target's slot layout (so the round's cache commit
-    keeps the same slots in both). :func:`jaxspec.generate` builds it from a draft model
-    (:meth:`of`)."""
+class ModuleDraft:
+    """The static half of a drafter made from an ``nnx`` module (a draft model, a feature
+    head): ``definition`` its ``nnx.GraphDef``, ``config`` its configuration; the module's
+    ``nnx.state`` is the params."""
 
     definition: nnx.GraphDef
     config: ModelConfig
 
     @classmethod
-    def of(cls, model, definition=None):
-        """``(ModelDraft, params)`` of a draft model (params ``None`` when its
-        ``definition`` is passed in: the caller has split it already)."""
+    def of(cls, module, definition=None):
+        """``(drafter, params)`` of ``module`` (params ``None`` when its ``definition`` is
+        passed in: the caller has split it already)."""
         if definition is not None:
-            return cls(definition, model.config), None
-        gdef, state = nnx.split(model)
-        return cls(gdef, model.config), state
+            return cls(definition, module.config), None
+        gdef, state = nnx.split(module)
+        return cls(gdef, module.config), state
 
     @property
     def max_positions(self) -> int:
         return self.config.max_position_embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDraft(ModuleDraft):
+    """A draft :class:`~jaxspec.nn.model.Transformer` as a drafter. Its state is its own KV
+    cache, in the target's slot layout (so the round's cache commit keeps the same slots in
+    both). :func:`jaxspec.generate` builds it from a draft model (:meth:`of`)."""
 
     def check(self, target, request: DraftRequest) -> str:
         v = target.config.vocab_size
@@ -90,16 +126,10 @@ class ModelDraft:
             raise ValueError(f"draft: vocab_size = {self.config.vocab_size}; expected the target's vocab_size = {v}")
         if request.mesh is not None:
             sharding.check_model_on_mesh("draft", self.config, request.mesh)
-        if isinstance(request.tree, DynamicTree):
-            if request.scheme not in (None, "deterministic"):
-                raise ValueError(f"scheme = {request.scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                                 "scheme='deterministic'")
-            return "deterministic"
-        return "without_replacement" if request.scheme is None else request.scheme
+        return model_scheme(request)
 
     def forwards(self, tree) -> int:
-        """Static trees: D (the deepest level is never forwarded); dynamic: depth + 1."""
-        return tree.depth + (1 if isinstance(tree, DynamicTree) else 0)
+        return model_forwards(tree)
 
     def init(self, params, target, prompt: Prompt) -> KVCache:
         """The draft's prefill of ``prompt[:-1]`` (lengths = prompt length - 1)."""
@@ -107,13 +137,7 @@ class ModelDraft:
         return prefill(model, prompt.tokens, prompt.lengths - 1, prompt.capacity)[1]
 
     def propose(self, params, target, state: KVCache, ctx: Context, keys, law: DraftLaw) -> Proposal:
-        model = nnx.merge(self.definition, params)
-        if isinstance(law.tree, DynamicTree):
-            tokens, parents, _, cache = propose_dynamic(model, state, ctx.root, law.tree, law.warp, law.temperature)
-            return Proposal(tokens, cache, parents=parents)
-        tokens, probs, cache = propose_static(model, state, ctx.prev, ctx.root, keys, law.tree, law.scheme, law.warp,
-                                              law.temperature)
-        return Proposal(tokens, cache, probs=probs)
+        return propose_with_model(nnx.merge(self.definition, params), state, ctx, keys, law)
 
     def commit(self, params, state: KVCache, outcome: Outcome, commit_cache) -> KVCache:
         return commit_cache(state, outcome.accepted_nodes, outcome.num)

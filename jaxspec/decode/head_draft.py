@@ -44,10 +44,9 @@ from flax import nnx
 
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
-from jaxspec.decode.draft import draw_children
+from jaxspec.decode.draft import ModuleDraft, draw_children
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
 from jaxspec.nn.cache import KVCache, init_cache
-from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import FeatureHead, check_head_config_for
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 from jaxspec.nn.model import Transformer
@@ -144,26 +143,10 @@ def commit_head(state: HeadState, target_feats, tokens, accepted_nodes, num, act
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadDraft:
-    """A :class:`~jaxspec.nn.head.FeatureHead` as a drafter (static trees, one device):
-    ``definition`` its ``nnx.GraphDef``, ``config`` its configuration; its ``nnx.state`` is
-    the params and :class:`HeadState` its state (module docstring)."""
-
-    definition: nnx.GraphDef
-    config: ModelConfig
-
-    @classmethod
-    def of(cls, head, definition=None):
-        """``(HeadDraft, params)`` of a feature head (params ``None`` when its ``definition``
-        is passed in)."""
-        if definition is not None:
-            return cls(definition, head.config), None
-        gdef, state = nnx.split(head)
-        return cls(gdef, head.config), state
-
-    @property
-    def max_positions(self) -> int:
-        return self.config.max_position_embeddings
+class HeadDraft(ModuleDraft):
+    """A :class:`~jaxspec.nn.head.FeatureHead` as a drafter (static trees, one device): the
+    head's ``nnx.state`` is the params and :class:`HeadState` its state (module
+    docstring). :func:`jaxspec.generate` builds it from a head (:meth:`of`)."""
 
     def check(self, target, request: DraftRequest) -> str:
         check_head_config_for("draft", self.config, target)

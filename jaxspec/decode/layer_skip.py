@@ -23,8 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxspec.checks import is_int
-from jaxspec.core.treespec import DynamicTree
-from jaxspec.decode.draft import propose_dynamic, propose_static
+from jaxspec.decode.draft import model_forwards, model_scheme, propose_with_model
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.model import write_and_attend
@@ -86,17 +85,11 @@ class LayerSkipDraft:
         if self.layers > n:
             raise ValueError(f"draft: layers = {self.layers} (LayerSkipDraft): the target has {n} layers; "
                              f"expected 1 .. {n}")
-        if isinstance(request.tree, DynamicTree):
-            if request.scheme not in (None, "deterministic"):
-                raise ValueError(f"scheme = {request.scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                                 "scheme='deterministic'")
-            return "deterministic"
-        return "without_replacement" if request.scheme is None else request.scheme
+        return model_scheme(request)
 
     def forwards(self, tree) -> int:
-        """Draft forwards of ``layers`` layers each: D for a static tree of depth D, depth + 1
-        for a dynamic tree (as a draft model's)."""
-        return tree.depth + (1 if isinstance(tree, DynamicTree) else 0)
+        """Draft forwards of ``layers`` layers each, as many as a draft model's."""
+        return model_forwards(tree)
 
     def init(self, params, target, prompt: Prompt) -> tuple:
         return ()  # the target's cache is the draft's: nothing of its own to keep
@@ -105,12 +98,7 @@ class LayerSkipDraft:
         model = EarlyExit(target, self.layers)
         tc = ctx.target_cache
         cache = KVCache(k=tc.k[: self.layers], v=tc.v[: self.layers], lengths=tc.lengths)  # a copy, dropped below
-        if isinstance(law.tree, DynamicTree):
-            tokens, parents, _, _ = propose_dynamic(model, cache, ctx.root, law.tree, law.warp, law.temperature)
-            return Proposal(tokens, state, parents=parents)
-        tokens, probs, _ = propose_static(model, cache, ctx.prev, ctx.root, keys, law.tree, law.scheme, law.warp,
-                                          law.temperature)
-        return Proposal(tokens, state, probs=probs)
+        return propose_with_model(model, cache, ctx, keys, law)._replace(state=state)
 
     def commit(self, params, state, outcome: Outcome, commit_cache) -> tuple:
         return state
