@@ -331,8 +331,8 @@ def test_verify_streams_what_generate_compiles(kw, bucket, monkeypatch):
     """The speculative, first-round and target-only runs of verify use the very
     configurations (equal, hashable: one compile-cache entry) that generate(max_new_tokens
     = horizon), generate(max_new_tokens = 1) and generate_autoregressive compile for the
-    same arguments, with the library's own round functions: verify's default with
-    verify(prompt_bucket=None) with generate(prompt_bucket=None), and both defaults (32) together."""
+    same arguments, with the library's own round functions: verify(prompt_bucket=None)
+    with generate(prompt_bucket=None), and both defaults (32) together."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
     spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=bucket)
