@@ -42,9 +42,15 @@ MUTANT_SAMPLES = 1 << 15
 MUTANT_THRESH = 1e-6
 
 
+#: the configuration of the module's fixed runs: two siblings per node and two levels (every
+#: token-rule mutant has something to break), the unpadded program (cheaper per sample; the
+#: padded one's tokens are the same, tests/test_prompt_bucket.py)
+BRANCHING = dict(tree="branch:2,2", scheme="iid", prompt_bucket=None)
+
+
 @pytest.fixture(scope="module")
 def small_report():
-    return verify(num_samples=SMALL, seed=0, progress=False)
+    return verify(num_samples=SMALL, seed=0, progress=False, **BRANCHING)
 
 
 def test_unbroken_decoder_passes(small_report):
@@ -90,7 +96,8 @@ def test_report_json_and_plots(small_report, tmp_path):
 
 def _mutant_setup(mutant):
     """The default configuration, or a chain for a mutant of block verification."""
-    return dict(tree="chain:3", scheme="iid") if mutants.MUTANT_RULE[mutant] == "block" else {}
+    chain = dict(tree="chain:3", scheme="iid", prompt_bucket=None)
+    return chain if mutants.MUTANT_RULE[mutant] == "block" else dict(BRANCHING)
 
 
 # the acceptance-rule mutants also broken at the rule level in tests/test_accept_exactness.py
@@ -299,18 +306,37 @@ def _verify_streams(monkeypatch, **kw):
     return seen
 
 
+def test_bare_verify_tests_what_bare_generate_runs(monkeypatch):
+    """``verify()`` with no arguments samples the programs that ``generate()`` and
+    ``generate_autoregressive()`` compile with no arguments but the prompt and the budget:
+    generate's tree (chain:4), its scheme (the draft model's without_replacement), its rule
+    ("auto": block verification on a chain) and its prompt padding (32 columns)."""
+    from jaxspec.core import rules  # noqa: PLC0415
+
+    target, draft = default_pair(0)
+    spec, first, ar = _generate_compiles(monkeypatch, target, draft, exactness.DEFAULT_PROMPT, 3, {},
+                                         gen.PROMPT_BUCKET)  # generate's default
+    seen = _verify_streams(monkeypatch)  # no arguments but the sample count (nothing is sampled)
+    assert seen["spec"][0] == spec and seen["first"][0] == first and seen["ar"][0] == ar
+    assert str(spec.tree) == str(gen.build_config(target, draft, prompt_length=3, max_new_tokens=3,
+                                                  tree=gen.DEFAULT_TREE)[0].tree)
+    assert spec.scheme == "without_replacement" and spec.parts.accept is rules.check_rule("block", spec.scheme,
+                                                                                          spec.tree)
+    assert spec.capacity >= gen.PROMPT_BUCKET  # the prompt padded to generate's bucket
+
+
 @pytest.mark.parametrize("bucket", [None, gen.PROMPT_BUCKET])
 @pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
 def test_verify_streams_what_generate_compiles(kw, bucket, monkeypatch):
     """The speculative, first-round and target-only runs of verify use the very
     configurations (equal, hashable: one compile-cache entry) that generate(max_new_tokens
     = horizon), generate(max_new_tokens = 1) and generate_autoregressive compile for the
-    same arguments, with the library's own round functions: verify's default with
-    generate(prompt_bucket=None), verify(prompt_bucket=32) with generate's default."""
+    same arguments, with the library's own round functions: verify(prompt_bucket=None)
+    with generate(prompt_bucket=None), and both defaults (32) together."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
     spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=bucket)
-    extra = {} if bucket is None else {"prompt_bucket": bucket}
+    extra = {"prompt_bucket": bucket}
     seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw, **extra)
     assert seen["spec"] == (spec, gen.speculative_program)
     assert seen["first"] == (first, gen.speculative_program)

@@ -3,12 +3,12 @@ the command line.
 
 ::
 
-    jaxspec verify                                    # tiny random pair, 10^6 samples
+    jaxspec verify                                    # tiny random pair, 10^6 samples, generate's defaults
     jaxspec verify --tree branch:3,2 --scheme without_replacement --temperature 0.7 --top-k 3
     jaxspec verify --mutant depth-row                 # watch the harness reject a bug
     jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
     jaxspec verify --samples 1e5 --json --plots plots/
-    jaxspec verify --prompt-bucket 32                 # the padded program jaxspec generate runs
+    jaxspec verify --prompt-bucket none               # the unpadded program: the same tokens, cheaper
 
 Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
 the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
@@ -47,6 +47,13 @@ __all__ = ["verify_command"]
 
 EXIT_STATUS = {"passed": 0, "rejected": 1, "inconclusive": 3}  # 2: bad input or another failure
 MAX_SAMPLES = 10**12  # --samples: days of sampling on one accelerator; int64 counts stay exact
+
+
+def _bucket(s: str) -> int | None:
+    """``--prompt-bucket``: a positive integer, or ``none`` (no padding)."""
+    if s.strip().lower() == "none":
+        return None
+    return positive_int(s)
 
 
 def _count(s: str) -> int:
@@ -117,7 +124,8 @@ def _parse_prompt(text: str | None, vocab_size: int, target: str | None = None):
 def verify_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.core.rules import CHOICES
     from jaxspec.core.sampling import SCHEMES
-    from jaxspec.exactness.harness import DEFAULT_SCHEME, DEFAULT_TREE
+    from jaxspec.decode.inputs import PROMPT_BUCKET
+    from jaxspec.exactness.harness import DEFAULT_TREE, MUTANT_CONFIG
     from jaxspec.exactness.mutants import MUTANTS
 
     p.epilog = ("exit status: 0 PASSED (every test passed), 1 REJECTED (a test rejected), 3 INCONCLUSIVE (no test "
@@ -127,12 +135,14 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     sampling_default = "for --scheme iid / without_replacement, 1 for deterministic"
 
     g = p.add_argument_group("decoder")
-    g.add_argument("--tree", default=DEFAULT_TREE,
+    g.add_argument("--tree", default=None,
                    help=f"tree spec: chain:K, branch:3,2,1, parents:-1,0,0, dynamic:depth=D,topk=K,nodes=N "
-                        f"(default: {DEFAULT_TREE})")
+                        f"(default: jaxspec generate's, {DEFAULT_TREE}; with --mutant, the tree it breaks: "
+                        f"{MUTANT_CONFIG['token'][0]}, or {MUTANT_CONFIG['block'][0]} for block verification's)")
     g.add_argument("--scheme", choices=SCHEMES, default=None,
-                   help=f"sibling scheme (default: {DEFAULT_SCHEME}; dynamic trees: deterministic, the only scheme "
-                        "they accept)")
+                   help="sibling scheme (default: jaxspec generate's, the draft's own: without_replacement for a "
+                        "draft model on a static tree; deterministic for dynamic trees, the only scheme they "
+                        "accept; iid with --mutant and no --tree)")
     g.add_argument("--rule", choices=CHOICES, default="auto",
                    help="verification rule (default: auto, block on a chain and token on other trees; block: "
                         "chains; traversal: static trees)")
@@ -155,10 +165,10 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                    help="comma-separated token ids, or text (tokenized as jaxspec generate does: with the "
                         "--target folder's tokenizer.json, else as UTF-8 bytes for a 264-token vocabulary) "
                         "(default: 1,2,3)")
-    g.add_argument("--prompt-bucket", type=positive_int, default=None, metavar="N",
-                   help="test the program jaxspec generate runs by default: the prompt padded to a multiple of N "
-                        "tokens (generate's default: 32); default: the prompt's own width (faster to sample; "
-                        "the same tokens, tests/test_prompt_bucket.py)")
+    g.add_argument("--prompt-bucket", type=_bucket, default=PROMPT_BUCKET, metavar="N",
+                   help=f"test the program with the prompt padded to a multiple of N tokens (default: jaxspec "
+                        f"generate's, {PROMPT_BUCKET}); 'none': the prompt's own width (the same tokens, "
+                        "tests/test_prompt_bucket.py, and cheaper to sample)")
     g = p.add_argument_group("statistics")
     g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
@@ -193,15 +203,20 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
 def _run(args: argparse.Namespace) -> int:
     from jaxspec.core.treespec import DynamicTree, parse_tree
     from jaxspec.exactness.exact_laws import cells_bound
-    from jaxspec.exactness.harness import DEFAULT_SCHEME, MAX_CELLS, verify
+    from jaxspec.exactness.harness import DEFAULT_TREE, MAX_CELLS, MUTANT_CONFIG, verify
+    from jaxspec.exactness.mutants import MUTANT_RULE
 
     if (args.target is None) != (args.draft is None):
         raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
     try:
+        if args.tree is None:  # generate's tree, or the one the mutant breaks (and its scheme)
+            args.tree, default_scheme = (MUTANT_CONFIG[MUTANT_RULE[args.mutant]] if args.mutant
+                                         else (DEFAULT_TREE, None))
+            args.scheme = default_scheme if args.scheme is None else args.scheme
         dynamic = isinstance(parse_tree(args.tree), DynamicTree)
     except ValueError as e:
         raise CLIError(f"--tree: {e}") from None
-    args.scheme = resolve_scheme(args.scheme, args.tree, dynamic, DEFAULT_SCHEME)
+    args.scheme = resolve_scheme(args.scheme, args.tree, dynamic, None)
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:

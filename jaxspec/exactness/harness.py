@@ -123,10 +123,14 @@ __all__ = [
     "ExactLaw",
 ]
 
-#: the default configuration: two siblings per node and two levels, so that every mutant
-#: of :mod:`jaxspec.exactness.mutants` has something to break
-DEFAULT_TREE = "branch:2,2"
-DEFAULT_SCHEME = "iid"
+#: the default configuration is :func:`jaxspec.generate`'s: its tree, its scheme (the
+#: drafter's default, None here), its rule ("auto") and its prompt padding, so that a bare
+#: ``verify()`` tests what a bare ``generate()`` runs
+DEFAULT_TREE = gen.DEFAULT_TREE
+DEFAULT_SCHEME = None
+#: the configuration a mutant runs on when no tree is given: one where it has something to
+#: break (two siblings per node and two levels; a chain for block verification's mutants)
+MUTANT_CONFIG = {"token": ("branch:2,2", "iid"), "traversal": ("branch:2,2", "iid"), "block": ("chain:3", "iid")}
 DEFAULT_PROMPT = (1, 2, 3)
 
 
@@ -290,8 +294,8 @@ def verify(
     target: Transformer | None = None,
     draft=None,
     *,
-    tree=DEFAULT_TREE,
-    scheme: str = DEFAULT_SCHEME,
+    tree=None,
+    scheme: str | None = DEFAULT_SCHEME,
     rule="auto",
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -311,7 +315,7 @@ def verify(
     devices: Sequence | None = None,
     mesh=None,
     progress: bool = True,
-    prompt_bucket: int | None = None,
+    prompt_bucket: int | None = gen.PROMPT_BUCKET,
 ) -> VerifyReport:
     """Test that speculative decoding with this configuration samples the target's law.
 
@@ -319,7 +323,9 @@ def verify(
       target, draft: the target and its draft (both or neither; default :func:`default_pair`):
         a draft model, a feature head, or any drafter of the :class:`~jaxspec.Drafter`
         protocol, as :func:`jaxspec.generate` takes.
-      tree, scheme, rule, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`.
+      tree, scheme, rule, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`,
+        with its defaults (``tree=None``: :data:`DEFAULT_TREE`, or with a ``mutant`` the
+        configuration it breaks, :data:`MUTANT_CONFIG`).
         ``rule`` may be a function with the signature of
         :func:`jaxspec.core.acceptance.accept_core` (your own rule): it is sampled and
         tested like the built-in ones; its acceptance is observed, not compared with an
@@ -346,12 +352,11 @@ def verify(
         (:mod:`jaxspec.nn.sharding`).
       progress: tqdm progress bars on stderr.
       prompt_bucket: pad the prompt as :func:`jaxspec.generate` does with this
-        ``prompt_bucket`` and test that program. ``None`` (default): the program of the
-        prompt's own width, what ``generate(..., prompt_bucket=None)`` runs. ``generate``'s
-        default (:data:`jaxspec.decode.generate.PROMPT_BUCKET`) runs a program padded to 32
-        columns, whose tokens are these token for token (``tests/test_prompt_bucket.py``);
-        pass it here to test that program itself, at a higher cost per sample (a short
-        prompt's prefill and cache grow to the bucket).
+        ``prompt_bucket`` and test that program: by default ``generate``'s
+        (:data:`jaxspec.decode.generate.PROMPT_BUCKET`, 32 columns). ``None``: the program of
+        the prompt's own width, what ``generate(..., prompt_bucket=None)`` runs, whose tokens
+        are the padded program's token for token (``tests/test_prompt_bucket.py``) at a
+        lower cost per sample (a short prompt's prefill and cache stay small).
 
     Raises:
       ValueError: bad input (named), or a law with more than :data:`MAX_CELLS` cells.
@@ -375,6 +380,9 @@ def verify(
         parts = mutants.round_parts(mutant)
         if isinstance(rule, str) and rule == rules.AUTO and mutants.MUTANT_RULE[mutant] == "token":
             rule = "token"  # a mutant runs with the rule it breaks (the others replace the acceptance step)
+    if tree is None:  # generate's default, or the configuration the mutant breaks
+        tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
+        scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
                    draft_temperature, draft_top_k, draft_top_p, rule, parts, prompt_bucket)
@@ -432,7 +440,7 @@ def verify(
     elif check_acceptance:
         t0 = time.perf_counter()
         try:
-            acc_exp = expected_acceptance(target, draft, prompt, setup.spec_cfg.tree, scheme, setup.target_warp,
+            acc_exp = expected_acceptance(target, draft, prompt, setup.spec_cfg.tree, setup.spec_cfg.scheme, setup.target_warp,
                                           setup.draft_warp, rule=rule_label)
         except ValueError as e:
             acc_note = f"acceptance expectation not enumerated: {e}"
@@ -513,7 +521,7 @@ def verify(
     config = {
         "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
         "tree_resolved": str(setup.spec_cfg.tree),
-        "scheme": scheme,
+        "scheme": setup.spec_cfg.scheme,
         "drafter": type(setup.spec_cfg.draft_def).__name__,
         "rule": rule_resolved,
         # at temperature 0 the target law is a single sequence: the tests can only see whether
