@@ -32,12 +32,19 @@ packaged name (:mod:`jaxspec.nn.packaged`)::
 Supported architectures are the keys of :data:`ARCHITECTURES` (each maps the HF config dict
 to :class:`~jaxspec.nn.config.ModelConfig` keyword arguments); adding a family is one entry:
 
-* ``LlamaForCausalLM`` (``attention_bias`` as configured), tied or untied embeddings;
-* ``Qwen2ForCausalLM`` (biases on q/k/v; ``use_sliding_window`` true is refused unless the
-  window covers the context);
-* ``MistralForCausalLM`` (full attention: a ``sliding_window`` shorter than the context —
-  ``max_context`` if given, else ``max_position_embeddings`` — is refused with a message
-  saying which ``max_context`` would be exact).
+* ``LlamaForCausalLM`` (``attention_bias`` as configured), tied or untied embeddings, rope
+  scaling ``linear``, ``llama3``, ``yarn``, ``dynamic`` (:mod:`jaxspec.nn.rope`);
+* ``Qwen2ForCausalLM`` (biases on q/k/v) and ``Qwen3ForCausalLM`` (per-head q/k norms), with
+  ``use_sliding_window`` on the layers ``layer_types`` / ``max_window_layers`` mark;
+* ``MistralForCausalLM`` (``sliding_window`` on every layer);
+* ``Phi3ForCausalLM`` (fused ``qkv_proj`` and ``gate_up_proj``, split on load; LongRoPE refused);
+* ``Gemma2ForCausalLM`` and ``Gemma3ForCausalLM`` (text): ``(1 + w)`` norms before and after
+  attention and MLP, GeGLU, scaled embeddings, soft caps (Gemma 2), q/k norms and a local rope
+  base on sliding layers (Gemma 3), sliding and global layers per ``layer_types``.
+
+Every family is the same :class:`~jaxspec.nn.model.Transformer`: the functions only fill
+:class:`~jaxspec.nn.config.ModelConfig` fields. ``max_context`` caps
+``max_position_embeddings`` (sliding windows are implemented, so it is no longer needed for them).
 
 Nothing here touches the network: folders are read from local disk only.
 """
@@ -89,73 +96,158 @@ _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 
 
-def _rope_kwargs(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Common HF -> ModelConfig translation: family defaults for keys a config may omit
-    (``save_pretrained`` writes only non-default values in some versions), and the newer
-    ``rope_parameters`` dict (transformers >= 5) folded into ``rope_theta`` / ``rope_scaling``."""
-    out = {**defaults, **cfg}
-    for key in ("rope_parameters", "rope_scaling"):
-        rp = out.get(key)
-        if isinstance(rp, Mapping):
-            rope_type = rp.get("rope_type", rp.get("type", "default"))
-            if rope_type != "default":
-                raise ValueError(
-                    f"{key} = {dict(rp)!r}: rope_type {rope_type!r} is not supported; expected "
-                    "'default' (plain rotary embeddings)"
-                )
-            if "rope_theta" in rp:
-                out["rope_theta"] = rp["rope_theta"]
-            out["rope_scaling"] = None
-    out.pop("rope_parameters", None)
+# HF keys that carry family fields of ModelConfig: never taken from a config dict as they stand,
+# only as each family's function reads them (a Qwen2 config's sliding_window is inert unless
+# use_sliding_window, Gemma names its activation hidden_activation, ...).
+_FAMILY_KEYS = ("rope_scaling", "rope_parameters", "rope_local_base_freq", "hidden_act", "hidden_activation",
+                "rms_norm_unit_offset", "qk_norm", "sandwich_norm", "scale_embeddings", "query_pre_attn_scalar",
+                "attn_logit_softcapping", "final_logit_softcapping", "sliding_window", "layer_types")
+
+
+def _flat_rope(rp: Mapping[str, Any] | None, theta: Any, where: str) -> tuple[Any, Any]:
+    """``(rope_theta, rope_scaling dict or None)`` from one flat rope dict (``rope_parameters``
+    of transformers >= 5, or the older ``rope_scaling``); refuses unsupported types by name."""
+    if rp is None:
+        return theta, None
+    if not isinstance(rp, Mapping):
+        raise ValueError(f"{where} = {rp!r}: expected a mapping or null")
+    theta = rp.get("rope_theta", theta)
+    kind = rp.get("rope_type", rp.get("type", "default"))
+    if rp.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{where}: partial_rotary_factor = {rp['partial_rotary_factor']!r} (rotary embeddings "
+                         "over part of a head) is not supported; expected 1.0")
+    return theta, (None if kind == "default" else {k: v for k, v in rp.items() if k != "rope_theta"})
+
+
+def _base(cfg: Mapping[str, Any], defaults: Mapping[str, Any], rope_keys: bool = True) -> dict[str, Any]:
+    """Family defaults for keys a config may omit (``save_pretrained`` writes only non-default
+    values in some versions), the family keys dropped, and (``rope_keys``) one flat rope
+    (``rope_theta``, ``rope_scaling``) read from ``rope_parameters`` or ``rope_scaling``."""
+    merged = {**defaults, **cfg}
+    if merged.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor = {merged['partial_rotary_factor']!r} (rotary embeddings over "
+                         "part of a head) is not supported; expected 1.0")
+    out = {k: v for k, v in merged.items() if k not in _FAMILY_KEYS}
+    if rope_keys:
+        theta = merged.get("rope_theta", 10000.0)
+        rp = merged.get("rope_parameters")
+        key = "rope_parameters" if isinstance(rp, Mapping) else "rope_scaling"
+        out["rope_theta"], out["rope_scaling"] = _flat_rope(merged.get(key), theta, key)
     return out
 
 
-def _check_window(arch: str, window: Any, cfg: Mapping[str, Any], max_context: int | None) -> dict[str, Any]:
-    """Refuse a sliding attention window shorter than the context this model will be used for.
+def _windowed(out: dict[str, Any], cfg: Mapping[str, Any], window: Any) -> dict[str, Any]:
+    """Qwen2 / Qwen3: a window only with ``use_sliding_window``, on the layers ``layer_types``
+    marks (transformers derives them from ``max_window_layers``: layers at or above it)."""
+    if not cfg.get("use_sliding_window", False) or window is None:
+        return out
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", 28)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(out["num_hidden_layers"])]
+    return {**out, "sliding_window": window, "layer_types": list(types)}
 
-    jaxspec attends over the full context. With a window ``W`` that equals full attention
-    only while every sequence (prompt + new tokens + tree) has at most ``W`` tokens. The
-    context checked is ``max_context`` if given (and then ``max_position_embeddings`` is
-    lowered to it, so generation refuses longer sequences), else ``max_position_embeddings``.
-    """
-    if window is None:
-        if "sliding_attention" in (cfg.get("layer_types") or ()):
-            raise ValueError(f"{arch}: layer_types has sliding_attention layers but sliding_window is null")
-        return {}
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"sliding_window = {window!r}: expected a positive integer or null")
-    ctx = max_context if max_context is not None else cfg["max_position_embeddings"]
-    if window < ctx:
-        hint = (
-            f"pass max_context <= {window} to load_model to use it with at most {window} tokens"
-            if max_context is None
-            else f"max_context = {max_context} exceeds it; use max_context <= {window}"
-        )
-        raise ValueError(
-            f"{arch} uses a sliding attention window of {window} tokens (sliding_window), shorter than "
-            f"the context of {ctx} tokens; jaxspec implements full attention only, which differs from "
-            f"the model beyond {window} tokens: {hint}"
-        )
-    return {}
+
+def _check_act(cfg: Mapping[str, Any], key: str, want: str) -> str:
+    act = cfg.get(key, want)
+    if act != want:
+        raise ValueError(f"{key} = {act!r} is not supported for this architecture; expected {want!r}")
+    return act
 
 
 def _llama_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
-    return _rope_kwargs(cfg, {"max_position_embeddings": 2048, "rope_theta": 10000.0})
+    _check_act(cfg, "hidden_act", "silu")
+    return _base(cfg, {"max_position_embeddings": 2048, "rope_theta": 10000.0})
 
 
 def _qwen2_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
     # Qwen2 always has biases on q/k/v (not o); its configs carry no attention_bias key.
-    out = _rope_kwargs(cfg, {"max_position_embeddings": 32768, "rope_theta": 10000.0})
+    _check_act(cfg, "hidden_act", "silu")
+    out = _base(cfg, {"max_position_embeddings": 32768, "rope_theta": 10000.0})
     out["attention_bias"] = True
-    if out.get("use_sliding_window", False) or "sliding_attention" in (out.get("layer_types") or ()):
-        _check_window("Qwen2ForCausalLM", out.get("sliding_window"), out, max_context)
-    return out
+    return _windowed(out, cfg, cfg.get("sliding_window", 4096))
+
+
+def _qwen3_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    _check_act(cfg, "hidden_act", "silu")
+    out = _base(cfg, {"max_position_embeddings": 32768, "rope_theta": 10000.0, "head_dim": 128})
+    out["qk_norm"] = True
+    return _windowed(out, cfg, cfg.get("sliding_window", 4096))
 
 
 def _mistral_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
-    out = _rope_kwargs(cfg, {"max_position_embeddings": 4096 * 32, "rope_theta": 10000.0, "sliding_window": 4096})
+    _check_act(cfg, "hidden_act", "silu")
+    out = _base(cfg, {"max_position_embeddings": 4096 * 32, "rope_theta": 10000.0})
+    if cfg.get("layer_types") is not None:
+        raise ValueError("layer_types in a MistralForCausalLM config (alternating attention) is not supported; "
+                         "expected every layer alike")
     out["attention_bias"] = False
-    _check_window("MistralForCausalLM", out.get("sliding_window"), out, max_context)
+    out["sliding_window"] = cfg.get("sliding_window", 4096)
+    return out
+
+
+def _phi3_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    # Phi-3 calls LongRoPE "longrope" (and "su", and, in its own configs, "yarn"): refused by name.
+    rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else cfg.get("rope_scaling")
+    kind = rp.get("rope_type", rp.get("type")) if isinstance(rp, Mapping) else None
+    if kind in ("longrope", "su", "yarn"):
+        raise ValueError(f"rope type {kind!r} (Phi-3's LongRoPE, which switches frequencies with the sequence "
+                         "length) is not supported; expected plain rotary embeddings")
+    _check_act(cfg, "hidden_act", "silu")
+    out = _base(cfg, {"max_position_embeddings": 4096, "rope_theta": 10000.0})
+    out["attention_bias"] = False
+    out["sliding_window"] = cfg.get("sliding_window")
+    return out
+
+
+def _gemma_common(cfg: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """What Gemma 2 and 3 share: GeGLU (tanh GELU), ``(1 + w)`` norms around attention and MLP,
+    embeddings times ``sqrt(hidden)``, ``query_pre_attn_scalar``, a window on the layers
+    ``layer_types`` marks."""
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"hidden_activation = {act!r} is not supported; expected 'gelu_pytorch_tanh'")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention = true (an encoder) is not supported; expected false")
+    return {**out, "hidden_act": "gelu_pytorch_tanh", "rms_norm_unit_offset": True, "sandwich_norm": True,
+            "scale_embeddings": True, "query_pre_attn_scalar": cfg.get("query_pre_attn_scalar", 256)}
+
+
+def _gemma2_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    defaults = {"max_position_embeddings": 8192, "rope_theta": 10000.0, "head_dim": 256, "tie_word_embeddings": True}
+    out = _gemma_common(cfg, _base(cfg, defaults))
+    n = out["num_hidden_layers"]
+    out["attn_logit_softcapping"] = cfg.get("attn_logit_softcapping", 50.0)
+    out["final_logit_softcapping"] = cfg.get("final_logit_softcapping", 30.0)
+    out["sliding_window"] = cfg.get("sliding_window", 4096)
+    out["layer_types"] = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    return out
+
+
+def _gemma3_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
+    defaults = {"max_position_embeddings": 131072, "head_dim": 256, "tie_word_embeddings": True}
+    out = _gemma_common(cfg, _base(cfg, defaults, rope_keys=False))
+    n = out["num_hidden_layers"]
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, Mapping) and ("full_attention" in rp or "sliding_attention" in rp):  # transformers >= 5
+        glob, local = rp.get("full_attention"), rp.get("sliding_attention")
+    else:  # older configs: rope_theta / rope_scaling global, rope_local_base_freq local
+        glob = {"rope_theta": cfg.get("rope_theta", 1_000_000.0), **(cfg.get("rope_scaling") or {})}
+        local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+    out["rope_theta"], out["rope_scaling"] = _flat_rope(glob or {}, 1_000_000.0, "rope_parameters.full_attention")
+    local_theta, local_scaling = _flat_rope(local or {}, 10_000.0, "rope_parameters.sliding_attention")
+    if local_scaling is not None:
+        raise ValueError(f"rope_parameters.sliding_attention = {dict(local)!r}: scaled rope on sliding layers is not "
+                         "supported; expected rope_type 'default'")
+    out["rope_local_base_freq"] = local_theta
+    out["attn_logit_softcapping"] = cfg.get("attn_logit_softcapping")
+    out["final_logit_softcapping"] = cfg.get("final_logit_softcapping")
+    out["qk_norm"] = True
+    out["sliding_window"] = cfg.get("sliding_window", 4096)
+    pattern = cfg.get("sliding_window_pattern", 6)
+    out["layer_types"] = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     return out
 
 
@@ -164,7 +256,21 @@ def _mistral_kwargs(cfg: Mapping[str, Any], max_context: int | None = None) -> d
 ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
     "LlamaForCausalLM": _llama_kwargs,
     "Qwen2ForCausalLM": _qwen2_kwargs,
+    "Qwen3ForCausalLM": _qwen3_kwargs,
     "MistralForCausalLM": _mistral_kwargs,
+    "Phi3ForCausalLM": _phi3_kwargs,
+    "Gemma2ForCausalLM": _gemma2_kwargs,
+    "Gemma3ForCausalLM": _gemma3_kwargs,
+}
+
+# architecture -> {fused HF tensor suffix: [(jaxspec's HF suffix, ModelConfig row-count attribute), ...]}:
+# tensors a family stores concatenated along their output rows, split on load.
+_FUSED: dict[str, dict[str, list[tuple[str, str]]]] = {
+    "Phi3ForCausalLM": {
+        "self_attn.qkv_proj.weight": [("self_attn.q_proj.weight", "q"), ("self_attn.k_proj.weight", "kv"),
+                                      ("self_attn.v_proj.weight", "kv")],
+        "mlp.gate_up_proj.weight": [("mlp.gate_proj.weight", "i"), ("mlp.up_proj.weight", "i")],
+    },
 }
 
 
@@ -232,9 +338,23 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
 def config_to_hf(config: ModelConfig) -> dict[str, Any]:
     """HF ``LlamaConfig`` dict for ``config`` (``torch_dtype`` from ``config.dtype``;
     ``eos_token_id`` as in ``config``: an id, a list of ids, or null for none, so that
-    ``transformers`` does not substitute its own default id)."""
+    ``transformers`` does not substitute its own default id; ``rope_scaling`` as its HF dict).
+
+    Raises ``ValueError`` for a configuration Llama cannot express (another family's norms,
+    activation, soft caps or sliding window): such a model is not written as a Llama."""
     d = config.to_dict()
     dtype = d.pop("dtype")
+    for f in ("rope_local_base_freq", "hidden_act", "rms_norm_unit_offset", "qk_norm", "sandwich_norm",
+              "scale_embeddings", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+              "sliding_window", "layer_types"):
+        default = ModelConfig.__dataclass_fields__[f].default
+        if d[f] != default:
+            raise ValueError(f"config_to_hf: {f} = {d[f]!r}: a LlamaForCausalLM has {f} = {default!r}; "
+                             "this model cannot be written as a Llama")
+        d.pop(f)
+    if config.rope_scaling is not None and config.rope_scaling.rope_type == "freq_factors":
+        raise ValueError("config_to_hf: rope_scaling of type 'freq_factors' (a GGUF rope_freqs tensor) has no "
+                         "LlamaConfig form")
     d.update(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
@@ -243,7 +363,7 @@ def config_to_hf(config: ModelConfig) -> dict[str, Any]:
         attention_dropout=0.0,
         initializer_range=0.02,
         pretraining_tp=1,
-        rope_scaling=None,
+        rope_scaling=d["rope_scaling"],
         use_cache=True,
         torch_dtype=dtype,
     )
@@ -433,12 +553,15 @@ def load_model(
         read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE), max_context=max_context
     )
     files = _weight_files(folder)
+    arch = (read_config(folder).get("architectures") or ["LlamaForCausalLM"])[0]
 
     graphdef, state, expected = expected_tensors(config, _hf_name)  # HF name -> TensorSlot
-    check_tensor_names(f"load_model: {folder}", expected, files)
+    sources = _sources(arch, config, expected, files)  # HF name -> (stored name, rows or None)
+    check_tensor_names(f"load_model: {folder}", expected, [n for n, (src, _) in sources.items() if src in files])
+    used = {src for src, _ in sources.values()}
     unexpected = [
         n for n in files
-        if n not in expected and not _IGNORED_TENSORS.match(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
+        if n not in used and not _IGNORED_TENSORS.match(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
     ]
     if unexpected:
         raise ValueError(
@@ -451,40 +574,66 @@ def load_model(
     values: dict[tuple, jax.Array] = {}
     by_file: dict[str, list[str]] = {}
     for name in expected:
-        by_file.setdefault(files[name], []).append(name)
+        by_file.setdefault(files[sources[name][0]], []).append(name)
     for fname, names in by_file.items():
         file = folder / fname
         with _open_weights(file) as f:
             stored = set(f.keys())
             for name in names:
                 path, transpose, shape = expected[name]
-                if name not in stored:  # a shard index that lists a tensor its shard lacks
-                    raise ValueError(f"load_model: {file}: missing tensor {name!r} (listed in {INDEX_FILE})")
-                sl = f.get_slice(name)
-                got = tuple(sl.get_shape())
-                if got != shape:
-                    raise ValueError(
-                        f"load_model: {file}: tensor {name!r} has shape {got}; "
-                        f"expected {shape} from {CONFIG_FILE}"
-                    )
-                if sl.get_dtype() not in _FLOAT_DTYPES:
-                    raise ValueError(
-                        f"load_model: {file}: tensor {name!r} has dtype {sl.get_dtype()}; expected a float "
-                        f"({', '.join(_FLOAT_DTYPES)})"
-                    )
-                try:
-                    arr = f.get_tensor(name)
-                except SafetensorError as e:
-                    raise ValueError(f"load_model: {file} is not a valid safetensors file: {e}") from None
-                if not np.isfinite(arr).all():  # one vectorized pass per tensor
-                    bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
-                    raise ValueError(
-                        f"load_model: {file}: tensor {name!r} has {bad} non-finite value(s) (NaN or inf); "
-                        "expected finite weights"
-                    )
+                arr = _read_tensor(f, file, stored, sources[name], shape)
                 values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
 
     return assemble(graphdef, state, values)
+
+
+def _sources(arch: str, config: ModelConfig, expected, files) -> dict[str, tuple[str, tuple[int, int] | None]]:
+    """Where each expected tensor is stored: its own name, or (a family with fused tensors,
+    :data:`_FUSED`) a row range of the fused tensor when the file holds that one."""
+    out = {name: (name, None) for name in expected}
+    rows = {"q": config.num_attention_heads * config.head_dim, "kv": config.num_key_value_heads * config.head_dim,
+            "i": config.intermediate_size}
+    for fused, parts in _FUSED.get(arch, {}).items():
+        for i in range(config.num_hidden_layers):
+            stored = f"model.layers.{i}.{fused}"
+            if stored not in files:
+                continue
+            start = 0
+            for part, kind in parts:
+                out[f"model.layers.{i}.{part}"] = (stored, (start, start + rows[kind]))
+                start += rows[kind]
+    return out
+
+
+def _read_tensor(f, file: Path, stored: set[str], source, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor ``source = (stored name, rows or None)`` of open file ``f``, checked: listed,
+    of the expected shape (a fused tensor: the sum of its parts' rows), a float dtype, finite."""
+    name, rows = source
+    if name not in stored:  # a shard index that lists a tensor its shard lacks
+        raise ValueError(f"load_model: {file}: missing tensor {name!r} (listed in {INDEX_FILE})")
+    sl = f.get_slice(name)
+    got = tuple(sl.get_shape())
+    if rows is None:
+        ok, want = got == shape, str(shape)
+    else:  # a fused tensor holds this part's rows among others
+        ok, want = len(got) == 2 and got[0] >= rows[1] and got[1:] == shape[1:], f"at least {rows[1]} rows of {shape[1]}"
+    if not ok:
+        raise ValueError(f"load_model: {file}: tensor {name!r} has shape {got}; expected {want} from {CONFIG_FILE}")
+    if sl.get_dtype() not in _FLOAT_DTYPES:
+        raise ValueError(
+            f"load_model: {file}: tensor {name!r} has dtype {sl.get_dtype()}; expected a float "
+            f"({', '.join(_FLOAT_DTYPES)})"
+        )
+    try:
+        arr = f.get_tensor(name) if rows is None else sl[rows[0]:rows[1]]
+    except SafetensorError as e:
+        raise ValueError(f"load_model: {file} is not a valid safetensors file: {e}") from None
+    if not np.isfinite(arr).all():  # one vectorized pass per tensor
+        bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(
+            f"load_model: {file}: tensor {name!r} has {bad} non-finite value(s) (NaN or inf); expected finite weights"
+        )
+    return arr
 
 
 def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,

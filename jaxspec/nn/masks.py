@@ -21,6 +21,18 @@ flattened tree. ``causal_cache_mask(lengths, T=2, S=5)`` for the same lengths::
            t1 [1 1 1 1 0]            t1 [1 1 1 0 0]
 
 Pure ``jnp``; ``lengths`` and ``tree_mask`` may be traced.
+
+Sliding windows are the model's business, not the caller's: a layer with a window ``W``
+narrows whatever mask it is given with :func:`window_mask`, reading the key positions from the
+cache layout (:func:`cache_key_positions`). A token at position p then sees committed keys at
+positions ``(p - W, p]`` and, in a tree, its ancestors (whose positions are below p by their
+depth difference, so all of them while the tree is shallower than the window). With
+``lengths = [5]``, ``W = 3`` and a chain of two new tokens at positions 5, 6::
+
+    causal_cache_mask([5], 2, 8)        window_mask(..., W=3)
+         slot 0 1 2 3 4 5 6 7               slot 0 1 2 3 4 5 6 7
+    t0 (p=5) [1 1 1 1 1 1 0 0]          t0   [0 0 0 1 1 1 0 0]
+    t1 (p=6) [1 1 1 1 1 1 1 0]          t1   [0 0 0 0 1 1 1 0]
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["causal_cache_mask", "tree_cache_mask"]
+__all__ = ["causal_cache_mask", "tree_cache_mask", "cache_key_positions", "window_mask"]
 
 
 def causal_cache_mask(lengths, T: int, S: int) -> jax.Array:
@@ -57,3 +69,26 @@ def tree_cache_mask(lengths, tree_mask, S: int) -> jax.Array:
     sees_node = jnp.take_along_axis(tm, jc, axis=2)  # [B, N, S]
     prefix = (j < 0)[:, None, :]  # [B, 1, S]
     return prefix | (in_tree[:, None, :] & sees_node)
+
+
+def cache_key_positions(lengths, positions, S: int) -> jax.Array:
+    """``int32[B, S]``: the position of the key held by each cache slot during a forward that
+    writes ``positions int32[B, T]`` at slots ``lengths[b] + t``. Committed slots hold
+    position = slot (prompts start at position 0 and commits keep the prefix contiguous); a
+    new token's slot holds its own position (its tree depth for a tree node); slots past
+    them hold the slot index (the caller's mask hides them)."""
+    lengths = jnp.asarray(lengths, jnp.int32)  # [B]
+    positions = jnp.asarray(positions, jnp.int32)  # [B, T]
+    t = positions.shape[1]
+    s = jnp.arange(S, dtype=jnp.int32)[None, :]  # [1, S]
+    j = s - lengths[:, None]  # [B, S], new-token index held by slot s
+    new = jnp.take_along_axis(positions, jnp.clip(j, 0, t - 1), axis=1)  # [B, S]
+    return jnp.where((j >= 0) & (j < t), new, s)
+
+
+def window_mask(mask, positions, key_positions, window: int) -> jax.Array:
+    """``mask bool[B, T, S]`` narrowed to keys within ``window`` positions of each query:
+    key position k is kept for a query at position p iff ``k > p - window`` (Hugging Face's
+    sliding window: W keys, the query's own included)."""
+    positions = jnp.asarray(positions, jnp.int32)  # [B, T]
+    return mask & (key_positions[:, None, :] > positions[:, :, None] - window)

@@ -1,4 +1,7 @@
-"""A Llama-family decoder-only transformer in Flax NNX, with an explicit KV cache.
+"""A decoder-only transformer in Flax NNX, with an explicit KV cache: Llama, and the families
+that differ from it only in :class:`~jaxspec.nn.config.ModelConfig` fields (Qwen2/3, Mistral,
+Gemma 2/3, Phi-3). One code path serves them all; the configuration says which norms exist and
+how they scale, the activation, the soft caps, and each layer's rope and sliding window.
 
 One forward signature serves prefill, one-token decode and tree verification::
 
@@ -63,7 +66,9 @@ from flax import nnx
 from jaxspec.checks import is_concrete
 from jaxspec.nn.cache import KVCache, advance, init_cache
 from jaxspec.nn.config import ModelConfig
-from jaxspec.nn.masks import causal_cache_mask
+from jaxspec.nn.masks import cache_key_positions, causal_cache_mask, window_mask
+from jaxspec.nn.rope import RopeScaling
+from jaxspec.nn.rope import inv_freq as rope_inv_freq
 
 __all__ = [
     "check_transformer",
@@ -91,32 +96,49 @@ _F32 = jnp.float32
 _MASKED = float(jnp.finfo(jnp.float32).min)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """HF Llama rotary embedding ("rotate_half" convention), computed in float32.
 
-    x: ``[B, T, H, D]``; positions: ``int32[B, T]``; ``inv_freq[i] = theta^(-2i/D)``.
+    x: ``[B, T, H, D]``; positions: ``int32[B, T]``; ``inv_freq[i] = theta^(-2i/D)``, or the
+    frequencies of ``scaling`` (:func:`jaxspec.nn.rope.inv_freq`), whose attention factor
+    (YaRN) multiplies cos and sin.
     """
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=_F32) / d))  # [D/2]
+    if scaling is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=_F32) / d))  # [D/2]
+        factor = 1.0
+    else:
+        inv_freq = jnp.asarray(rope_inv_freq(d, theta, scaling))  # [D/2], a compile-time constant
+        factor = scaling.attention_factor_value()
     freqs = positions.astype(_F32)[..., None] * inv_freq  # [B, T, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
     x32 = x.astype(_F32)
     x1, x2 = x32[..., : d // 2], x32[..., d // 2 :]
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * jnp.cos(emb) + rotated * jnp.sin(emb)).astype(x.dtype)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-    """``x / rms(x) * weight`` in float32 (returns float32)."""
+    """``x / rms(x) * weight`` in float32 (returns float32); ``* (1 + weight)`` with
+    ``unit_offset`` (Gemma's norms, whose stored weights are offsets from one)."""
 
-    def __init__(self, dim: int, eps: float, dtype):
+    def __init__(self, dim: int, eps: float, dtype, unit_offset: bool = False):
         self.weight = nnx.Param(jnp.ones((dim,), dtype))  # [D]
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(_F32)
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return x * self.weight[...].astype(_F32)
+        w = self.weight[...].astype(_F32)
+        return x * (1.0 + w) if self.unit_offset else x * w
+
+
+def _norm(config: ModelConfig, dim: int) -> RMSNorm:
+    return RMSNorm(dim, config.rms_norm_eps, config.param_dtype, config.rms_norm_unit_offset)
 
 
 def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs, bias: bool = False):
@@ -126,16 +148,26 @@ def _linear(d_in: int, d_out: int, config: ModelConfig, rngs: nnx.Rngs, bias: bo
 
 class Attention(nnx.Module):
     """Grouped-query attention. Split in two so the caller owns the K/V plumbing:
-    :meth:`project` makes q, k, v (k after RoPE); :meth:`attend` attends over given K/V."""
+    :meth:`project` makes q, k, v (k after RoPE); :meth:`attend` attends over given K/V.
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    ``layer``: the index in the decoder stack, which picks the layer's rotary embedding
+    (:meth:`ModelConfig.layer_rope`); None (a draft head's layer) -> the global one."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None):
         d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.q_proj = _linear(d, h * hd, config, rngs, bias=config.attention_bias)
         self.k_proj = _linear(d, kv * hd, config, rngs, bias=config.attention_bias)
         self.v_proj = _linear(d, kv * hd, config, rngs, bias=config.attention_bias)
         self.o_proj = _linear(h * hd, d, config, rngs)
+        if config.qk_norm:  # per-head norms over head_dim (Qwen3, Gemma 3)
+            self.q_norm = _norm(config, hd)
+            self.k_norm = _norm(config, hd)
+        self.qk_norm = config.qk_norm
         self.num_heads, self.num_kv_heads, self.head_dim = h, kv, hd
-        self.rope_theta = config.rope_theta
+        self.rope_theta, self.rope_scaling = (config.rope_theta, config.rope_scaling) if layer is None \
+            else config.layer_rope(layer)
+        self.scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar is not None else hd) ** -0.5
+        self.softcap = config.attn_logit_softcapping
 
     def project(self, x: jax.Array, positions: jax.Array):
         """x ``[B, T, D]`` (normed) -> q ``[B, T, H, hd]``, k, v ``[B, T, Hkv, hd]``."""
@@ -143,7 +175,10 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        return apply_rope(q, positions, self.rope_theta), apply_rope(k, positions, self.rope_theta), v
+        if self.qk_norm:  # normed in float32, back to the projections' dtype (as transformers)
+            q, k = self.q_norm(q).astype(q.dtype), self.k_norm(k).astype(k.dtype)
+        rope = (positions, self.rope_theta, self.rope_scaling)
+        return apply_rope(q, *rope), apply_rope(k, *rope), v
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """q ``[B, T, H, hd]``, k/v ``[B, S, Hkv, hd]``, mask ``bool[B, T, S]`` -> ``[B, T, D]`` f32."""
@@ -151,7 +186,9 @@ class Attention(nnx.Module):
         g = h // self.num_kv_heads
         q = q.reshape(b, t, self.num_kv_heads, g, hd)  # [B, T, Hkv, G, hd]
         scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=_F32)
-        scores = scores * (hd**-0.5)  # [B, Hkv, G, T, S]
+        scores = scores * self.scale  # [B, Hkv, G, T, S]
+        if self.softcap is not None:  # Gemma 2: c * tanh(s / c), before the mask
+            scores = jnp.tanh(scores / self.softcap) * self.softcap
         scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
         probs = jax.nn.softmax(scores, axis=-1)
         out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=_F32)
@@ -160,27 +197,42 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``, no bias."""
+    """Gated MLP, no bias: ``down(act(gate(x)) * up(x))``; ``act`` SiLU (SwiGLU) or the tanh
+    GELU (GeGLU), per ``config.hidden_act``."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         d, i = config.hidden_size, config.intermediate_size
         self.gate_proj = _linear(d, i, config, rngs)
         self.up_proj = _linear(d, i, config, rngs)
         self.down_proj = _linear(i, d, config, rngs)
+        self.hidden_act = config.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)).astype(_F32)
+        gate = self.gate_proj(x)
+        act = jax.nn.silu(gate) if self.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+        return self.down_proj(act * self.up_proj(x)).astype(_F32)
 
 
 class DecoderLayer(nnx.Module):
-    """Pre-norm block. ``project`` then ``finish``; the K/V between them is the caller's."""
+    """Pre-norm block. ``project`` then ``finish``; the K/V between them is the caller's.
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        pd = config.param_dtype
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
-        self.self_attn = Attention(config, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
+    ``layer`` (the index in the stack) picks the rotary embedding and the sliding window
+    (``sliding_window``: None for full attention; :func:`write_and_attend` narrows the mask
+    with it); None (a draft head's layer): global rope, full attention. With
+    ``config.sandwich_norm`` (Gemma 2/3) ``post_attention_layernorm`` normalises the attention
+    output and ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` wrap the MLP, as
+    in Hugging Face; without, ``post_attention_layernorm`` is the MLP's input norm (Llama)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, layer: int | None = None):
+        self.input_layernorm = _norm(config, config.hidden_size)
+        self.self_attn = Attention(config, rngs=rngs, layer=layer)
+        self.post_attention_layernorm = _norm(config, config.hidden_size)
         self.mlp = MLP(config, rngs=rngs)
+        if config.sandwich_norm:
+            self.pre_feedforward_layernorm = _norm(config, config.hidden_size)
+            self.post_feedforward_layernorm = _norm(config, config.hidden_size)
+        self.sandwich_norm = config.sandwich_norm
+        self.sliding_window = None if layer is None else config.layer_window(layer)
 
     def project(self, x: jax.Array, positions: jax.Array):
         """Residual ``x [B, T, D]`` -> (q, k, v) of the new tokens."""
@@ -188,8 +240,12 @@ class DecoderLayer(nnx.Module):
 
     def finish(self, x, q, k, v, mask) -> jax.Array:
         """Attention over k/v ``[B, S, Hkv, hd]`` under mask, residual, MLP, residual."""
-        x = x + self.self_attn.attend(q, k, v, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        a = self.self_attn.attend(q, k, v, mask)
+        if not self.sandwich_norm:
+            x = x + a
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(a)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class Transformer(nnx.Module):
@@ -201,17 +257,22 @@ class Transformer(nnx.Module):
         pd = config.param_dtype
         self.config = config
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=pd, param_dtype=pd, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, pd)
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, layer=i) for i in range(config.num_hidden_layers)])
+        self.norm = _norm(config, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, config, rngs)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
-        """``int32[B, T]`` -> float32 ``[B, T, D]``. Out-of-range ids (e.g. -1 padding) are clipped."""
+        """``int32[B, T]`` -> float32 ``[B, T, D]``. Out-of-range ids (e.g. -1 padding) are clipped.
+        With ``scale_embeddings`` (Gemma) times ``sqrt(hidden_size)``, rounded to and multiplied
+        in the parameter dtype as transformers does."""
         table = self.embed_tokens.embedding[...]  # [V, D]
-        return jnp.take(table, tokens, axis=0, mode="clip").astype(_F32)
+        x = jnp.take(table, tokens, axis=0, mode="clip")
+        if self.config.scale_embeddings:
+            x = x * jnp.asarray(self.config.hidden_size**0.5, table.dtype)
+        return x.astype(_F32)
 
     def unembed(self, h: jax.Array) -> jax.Array:
         """Features ``[B, T, D]`` (after the final norm, see :meth:`features`) -> float32
@@ -222,7 +283,9 @@ class Transformer(nnx.Module):
                 w = self.embed_tokens.embedding[...].T  # [D, V]
             else:
                 w = self.lm_head.kernel[...]  # [D, V]
-            return jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+            logits = jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+            cap = self.config.final_logit_softcapping
+            return logits if cap is None else jnp.tanh(logits / cap) * cap  # Gemma 2
 
     def logits(self, x: jax.Array) -> jax.Array:
         """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
@@ -268,12 +331,34 @@ def write_and_attend(layers, x, positions, cache: KVCache, attention_mask) -> tu
     rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
     slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
     k_all, v_all = cache.k, cache.v  # [L, B, S, Hkv, hd]
+    masks = _LayerMasks(attention_mask, positions, lambda: cache_key_positions(cache.lengths, positions, cache.capacity))
     for i, layer in enumerate(layers):
         q, k, v = layer.project(x, positions)
         k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
         v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-        x = layer.finish(x, q, k_all[i], v_all[i], attention_mask)
+        x = layer.finish(x, q, k_all[i], v_all[i], masks.of(layer))
     return x, cache.replace(k=k_all, v=v_all)
+
+
+class _LayerMasks:
+    """Each layer's mask: the given one, narrowed to its sliding window (built once per window
+    length, and only for a window shorter than the S keys: a longer one changes nothing, since
+    every position is below S)."""
+
+    def __init__(self, mask, positions, key_positions):
+        self.mask, self.positions, self.key_positions = mask, positions, key_positions
+        self.keys = None
+        self.windowed = {}
+
+    def of(self, layer) -> jax.Array:
+        w = getattr(layer, "sliding_window", None)
+        if w is None or w >= self.mask.shape[-1]:
+            return self.mask
+        if w not in self.windowed:
+            if self.keys is None:
+                self.keys = self.key_positions()  # [B, S]
+            self.windowed[w] = window_mask(self.mask, self.positions, self.keys, w)
+        return self.windowed[w]
 
 
 def _check_forward_shapes(config, tokens, positions, cache, mask) -> None:
@@ -331,10 +416,11 @@ def forward_features(model: Transformer, tokens: jax.Array) -> jax.Array:
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))  # [B, T, T]
+    masks = _LayerMasks(mask, positions, lambda: positions)  # key j is token j
     x = model.embed(tokens)
     for layer in model.layers:
         q, k, v = layer.project(x, positions)
-        x = layer.finish(x, q, k, v, mask)
+        x = layer.finish(x, q, k, v, masks.of(layer))
     return model.norm(x)
 
 

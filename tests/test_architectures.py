@@ -1,0 +1,159 @@
+"""The architectures people load today, against Hugging Face ``transformers`` (optional: needs
+the ``hf`` extra; skipped without it).
+
+One tiny random model per family (scaled rope: llama3, yarn, linear, dynamic; Qwen2 and Qwen3
+with sliding layers; Mistral's window; Gemma 2; Gemma 3; Phi-3), saved with ``save_pretrained``
+and loaded by :func:`jaxspec.load_model`. Sequences run longer than every window and than the
+scaled ropes' original context. Each family: float32 logits within 1e-4 of transformers', 30
+greedy tokens equal to ``generate(do_sample=False)`` target-only and tree-speculative (the
+model drafting for itself, and a second tiny model of the same vocabulary drafting for it).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
+from jaxspec.nn.checkpoint import load_model  # noqa: E402
+from jaxspec.nn.model import forward_logits  # noqa: E402
+
+V = 64
+BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
+PROMPT = [[3, 17, 42, 5, 9, 60, 1, 33]]
+N_NEW = 30
+ATOL = 1e-4
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+
+def _config(kind: str):
+    """(transformers class, config) of a tiny model of family ``kind``."""
+    t = transformers
+    if kind == "llama3":
+        return t.LlamaForCausalLM, t.LlamaConfig(**BASE, rope_theta=10000.0, rope_scaling=LLAMA3)
+    if kind == "yarn":
+        return t.LlamaForCausalLM, t.LlamaConfig(**BASE, rope_theta=10000.0, rope_scaling={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})
+    if kind == "linear":
+        return t.LlamaForCausalLM, t.LlamaConfig(**BASE, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    if kind == "dynamic":
+        return t.LlamaForCausalLM, t.LlamaConfig(**BASE, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    if kind == "qwen2":
+        return t.Qwen2ForCausalLM, t.Qwen2Config(**BASE, use_sliding_window=True, sliding_window=6,
+                                                 max_window_layers=1)
+    if kind == "qwen3":
+        return t.Qwen3ForCausalLM, t.Qwen3Config(**BASE, use_sliding_window=True, sliding_window=7,
+                                                 max_window_layers=1)
+    if kind == "mistral":
+        return t.MistralForCausalLM, t.MistralConfig(**BASE, sliding_window=5)
+    if kind == "gemma2":
+        return t.Gemma2ForCausalLM, t.Gemma2Config(**BASE, sliding_window=6, query_pre_attn_scalar=12,
+                                                   attn_logit_softcapping=5.0, final_logit_softcapping=8.0)
+    if kind == "gemma3":
+        sizes = dict(BASE, num_hidden_layers=3)
+        return t.Gemma3ForCausalLM, t.Gemma3TextConfig(
+            **sizes, sliding_window=6, query_pre_attn_scalar=16, sliding_window_pattern=2,
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+    if kind == "phi3":
+        return t.Phi3ForCausalLM, t.Phi3Config(**BASE, sliding_window=6, pad_token_id=0)
+    raise AssertionError(kind)
+
+
+KINDS = ["llama3", "yarn", "linear", "dynamic", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+
+
+def _hf_model(kind: str, seed: int):
+    """A tiny random model; weights rescaled so logits are far from uniform (greedy argmax then
+    decided by clear margins, not by rounding)."""
+    torch.manual_seed(seed)
+    cls, cfg = _config(kind)
+    cfg.eos_token_id = None
+    model = cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                offset = 0.0 if kind.startswith("gemma") else 1.0  # Gemma scales by 1 + w
+                p.copy_(offset + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.25 * torch.randn_like(p))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """kind -> (transformers model, jaxspec model loaded from its save_pretrained folder)."""
+    out = {}
+    for i, kind in enumerate(KINDS):
+        model = _hf_model(kind, seed=10 + i)
+        folder = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(folder, safe_serialization=True)
+        out[kind] = (model, load_model(folder))
+    return out
+
+
+def _hf_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
+
+
+def _hf_greedy(model, ids, n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor(ids, dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids[0]):].tolist()
+
+
+def _tokens(result) -> list[int]:
+    n = int(np.asarray(result.lengths)[0])
+    return [int(t) for t in np.asarray(result.tokens)[0, :n]]
+
+
+def test_families_configure_one_model(saved):
+    """What each family adds is configuration of the one Transformer."""
+    cfg = {k: m.config for k, (_, m) in saved.items()}
+    assert cfg["llama3"].rope_scaling.rope_type == "llama3" and cfg["yarn"].rope_scaling.rope_type == "yarn"
+    assert [cfg["qwen2"].layer_window(i) for i in range(2)] == [None, 6]
+    assert cfg["qwen3"].qk_norm and [cfg["qwen3"].layer_window(i) for i in range(2)] == [None, 7]
+    assert [cfg["mistral"].layer_window(i) for i in range(2)] == [5, 5]
+    g2, g3 = cfg["gemma2"], cfg["gemma3"]
+    assert g2.sandwich_norm and g2.rms_norm_unit_offset and g2.scale_embeddings and g2.hidden_act == "gelu_pytorch_tanh"
+    assert (g2.attn_logit_softcapping, g2.final_logit_softcapping, g2.query_pre_attn_scalar) == (5.0, 8.0, 12.0)
+    assert [g2.layer_window(i) for i in range(2)] == [6, None]
+    assert g3.qk_norm and [g3.layer_window(i) for i in range(3)] == [6, None, 6]
+    assert g3.layer_rope(0) == (100.0, None) and g3.layer_rope(1)[0] == 1000.0
+    assert cfg["phi3"].sliding_window == 6
+    assert len({type(m) for _, m in saved.values()}) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_match_transformers(saved, kind):
+    model, ours = saved[kind]
+    ids = [PROMPT[0] * 5, list(range(40))]  # 40 tokens: past every window and the 16-token original context
+    ref = _hf_logits(model, ids)
+    got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
+    assert np.abs(ref).max() > 1.0  # non-trivial logits
+    np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_generation_matches_transformers(saved, kind):
+    """30 greedy tokens, target-only and tree-speculative (self draft; a second model drafting)."""
+    model, ours = saved[kind]
+    ref = _hf_greedy(model, PROMPT, N_NEW)
+    assert len(ref) == N_NEW
+    got = generate_autoregressive(jax.random.key(0), ours, PROMPT, max_new_tokens=N_NEW, temperature=0,
+                                  stop_tokens=())
+    assert _tokens(got) == ref
+    other = saved["gemma2" if kind != "gemma2" else "qwen3"][1]
+    for draft in (ours, other):
+        out = generate(jax.random.key(1), ours, draft, PROMPT, tree="branch:2,2,1", scheme="deterministic",
+                       max_new_tokens=N_NEW, temperature=0, stop_tokens=())
+        assert _tokens(out)[:N_NEW] == ref
