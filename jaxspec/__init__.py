@@ -10,6 +10,9 @@ Public API (see docs/DESIGN.md §5):
 * warps and draft draws: :mod:`jaxspec.sampling` (:mod:`jaxspec.core.sampling`);
 * models: :class:`ModelConfig`, :func:`init_model`, :func:`forward_logits`,
   :class:`Transformer`, :class:`KVCache`, :func:`init_cache`, :func:`tree_cache_mask`;
+* what is sampled: :class:`Sampling` (temperature, top-k, top-p, min-p), one frozen
+  value for the target's law and one for the draft's; a refused setting raises
+  :class:`SettingError` (a ``ValueError`` naming it);
 * generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`,
   on one device or a mesh (:func:`make_mesh`, :mod:`jaxspec.nn.sharding`);
   tree specs :class:`DynamicTree`, :func:`parse_tree`; :class:`RoundParts`;
@@ -54,6 +57,8 @@ _EXPORTS = {
     "speculative_accept": ("jaxspec.core.rules", "speculative_accept"),
     "accept_probabilities": ("jaxspec.core.token_rule", "accept_probabilities"),
     "SCHEMES": ("jaxspec.core.sampling", "SCHEMES"),
+    "Sampling": ("jaxspec.core.settings", "Sampling"),
+    "SettingError": ("jaxspec.errors", "SettingError"),
     "sampling": ("jaxspec.core.sampling", None),
     "use_unrolled_threefry": ("jaxspec.core.cpu_rng", "use_unrolled_threefry"),
     # models, caches, checkpoints, tokenizers
@@ -92,7 +97,7 @@ _EXPORTS = {
 }
 
 #: the subpackages, reachable as attributes (``jaxspec.nn.model``) after a bare ``import jaxspec``
-_SUBPACKAGES = ("bench", "checks", "core", "decode", "exactness", "nn", "training", "tuning")
+_SUBPACKAGES = ("bench", "checks", "core", "decode", "errors", "exactness", "nn", "training", "tuning")
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,5 +1,6 @@
 """Argument checks every subpackage uses: plain Python and ``jax.core``, no other jaxspec
-module, so that ``core`` and ``nn`` can share them without importing each other."""
+module but :mod:`jaxspec.errors`, so that ``core`` and ``nn`` can share them without
+importing each other."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import numbers
 import jax
 import numpy as np
 
-__all__ = ["is_int", "is_concrete"]
+from jaxspec.errors import SettingError
+
+__all__ = ["is_int", "is_concrete", "SettingError"]
 
 
 def is_int(x) -> bool:

@@ -1,6 +1,6 @@
 """What every ``jaxspec`` subcommand shares: the :class:`Command` record and its
 :func:`command` decorator, :class:`CLIError`, argument types, and the checks of output
-folders, model flags and ``--scheme``.
+folders and model flags, and the flags' names for the library's settings.
 
 A subcommand is a function ``setup(parser) -> handler`` wrapped by :func:`command`: it adds
 its arguments to its ``argparse`` subparser and returns the function that runs it::
@@ -33,11 +33,19 @@ from pathlib import Path
 __all__ = [
     "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model", "is_head_flag",
     "warn_if_head_for_another_target",
-    "resolve_scheme", "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
-    "utf8_text", "resolve_tokenizer", "check_tokenizer_fits",
+    "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
+    "utf8_text", "resolve_tokenizer", "check_tokenizer_fits", "FLAGS", "in_flags", "flag_sampling",
 ]
 
 Handler = Callable[[argparse.Namespace], int]
+
+#: the library's setting names (:class:`jaxspec.SettingError`, :mod:`jaxspec.decode.combinations`)
+#: -> the flags that set them; ``auto`` is the tree chosen by ``--tree auto``
+FLAGS = {
+    "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+    "max_new_tokens": "--max-new-tokens", "tree": "--tree", "scheme": "--scheme", "rule": "--rule",
+    "mesh": "--mesh", "draft": "--draft", "auto": "--tree auto", "draft_sampling": "--draft-temperature",
+}
 
 
 class CLIError(Exception):
@@ -125,6 +133,41 @@ def flag_mesh(sizes: dict[str, int] | None):
         if limit is not None and data * model > limit and "on CPU" in msg:  # the host devices were the mesh's
             msg += f" (without XLA_FLAGS, --mesh makes at most {limit} host devices: max(8, CPU cores))"
         raise CLIError(msg) from None
+
+
+def in_flags(e, args: argparse.Namespace | None = None, flags: dict[str, str] | None = None) -> str:
+    """A :class:`jaxspec.SettingError`'s message in the command line's words: each setting
+    as its flag (``flags`` over :data:`FLAGS`) and the value the flag was given (the
+    library's value when ``args`` has none), e.g. ``--scheme iid and --tree
+    dynamic:depth=3,topk=2,nodes=6: expected ...``."""
+    flags = {**FLAGS, **(flags or {})}
+
+    def name_value(name, value):
+        flag = flags.get(name)
+        if flag is None:
+            return f"{name} = {value!r}"
+        if value is True:  # a switch: the flag says it
+            return flag
+        given = getattr(args, name, None) if args is not None and name in FLAGS else None
+        shown = value if given is None else given
+        if isinstance(shown, dict):  # --mesh data=2,model=4
+            shown = ",".join(f"{k}={v}" for k, v in shown.items())
+        return f"{flag} {shown}"
+
+    return e.render(name_value)
+
+
+def flag_sampling(temperature, top_k, top_p, min_p, prefix: str = ""):
+    """The :class:`jaxspec.Sampling` of these flags (``prefix``: ``"--draft-"`` for the
+    draft's); a bad value is a :class:`CLIError` naming its flag."""
+    from jaxspec.errors import SettingError
+    from jaxspec.core.settings import Sampling
+
+    try:
+        return Sampling(temperature, top_k, top_p, min_p)
+    except SettingError as e:
+        names = ("temperature", "top_k", "top_p", "min_p")
+        raise CLIError(in_flags(e, flags={n: f"{prefix or '--'}{n.replace('_', '-')}" for n in names})) from None
 
 
 def utf8_text(s: str) -> str:
@@ -277,15 +320,3 @@ def check_tokenizer_fits(flag: str, name: str, tok, vocab_size: int, *, alternat
         raise CLIError(
             f"{flag} {name}: its tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}"
         )
-
-
-def resolve_scheme(scheme: str | None, tree_spec: str, dynamic: bool, default: str) -> str:
-    """The ``--scheme`` of a command with a ``--tree``: when not given, ``deterministic``
-    for a dynamic tree (the only scheme it takes) and ``default`` otherwise; an explicit
-    scheme a dynamic tree cannot use is a :class:`CLIError` naming both flags."""
-    if scheme is None:
-        return "deterministic" if dynamic else default
-    if dynamic and scheme != "deterministic":
-        raise CLIError(f"--scheme {scheme}: a dynamic tree (--tree {tree_spec}) ranks fixed candidates; "
-                       "expected --scheme deterministic (the default for dynamic trees)")
-    return scheme

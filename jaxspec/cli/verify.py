@@ -31,17 +31,19 @@ from jaxspec.cli.common import (
     check_tokenizer_fits,
     command,
     flag_mesh,
+    flag_sampling,
     load_flag_model,
     mesh_flag,
     nonneg_float,
     positive_int,
-    resolve_scheme,
     resolve_tokenizer,
     seed_int,
+    unit_float,
     utf8_text,
     warn_if_head_for_another_target,
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
+from jaxspec.errors import SettingError
 
 __all__ = ["verify_command"]
 
@@ -149,6 +151,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
     g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")
+    g.add_argument("--min-p", type=unit_float, help="target min-p in [0, 1]")
     g.add_argument("--draft-temperature", type=nonneg_float,
                    help=f"draft temperature (default: the target's --temperature {sampling_default})")
     g.add_argument("--draft-top-k", type=positive_int,
@@ -156,6 +159,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                         "none for deterministic)")
     g.add_argument("--draft-top-p", type=_top_p,
                    help="draft top-p (default: the target's --top-p for --scheme iid / without_replacement, "
+                        "none for deterministic)")
+    g.add_argument("--draft-min-p", type=unit_float,
+                   help="draft min-p (default: the target's --min-p for --scheme iid / without_replacement, "
                         "none for deterministic)")
     g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
     g = p.add_argument_group("models and prompt")
@@ -200,8 +206,25 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
+def _laws(args, dynamic: bool):
+    """The target's :class:`jaxspec.Sampling` from the flags, and the draft's: None when no
+    ``--draft-*`` flag is given (the library's default), else each flag not given taken
+    from the target's flags (``iid`` / ``without_replacement``) or left unwarped
+    (``deterministic``, and dynamic trees)."""
+    names = ("temperature", "top_k", "top_p", "min_p")
+    target = flag_sampling(*(getattr(args, n) for n in names))
+    given = {n: getattr(args, f"draft_{n}") for n in names}
+    if all(v is None for v in given.values()):
+        return target, None
+    base = (1.0, None, None, None) if dynamic or args.scheme == "deterministic" else \
+        tuple(getattr(target, n) for n in names)
+    values = [b if given[n] is None else given[n] for n, b in zip(names, base, strict=True)]
+    return target, flag_sampling(*values, prefix="--draft-")
+
+
 def _run(args: argparse.Namespace) -> int:
     from jaxspec.core.treespec import DynamicTree, parse_tree
+    from jaxspec.decode.combinations import check_settings
     from jaxspec.exactness.exact_laws import cells_bound
     from jaxspec.exactness.harness import DEFAULT_TREE, MAX_CELLS, MUTANT_CONFIG, verify
     from jaxspec.exactness.mutants import MUTANT_RULE
@@ -213,10 +236,11 @@ def _run(args: argparse.Namespace) -> int:
             args.tree, default_scheme = (MUTANT_CONFIG[MUTANT_RULE[args.mutant]] if args.mutant
                                          else (DEFAULT_TREE, None))
             args.scheme = default_scheme if args.scheme is None else args.scheme
-        dynamic = isinstance(parse_tree(args.tree), DynamicTree)
+        tree = parse_tree(args.tree)
     except ValueError as e:
         raise CLIError(f"--tree: {e}") from None
-    args.scheme = resolve_scheme(args.scheme, args.tree, dynamic, None)
+    check_settings(tree=tree, scheme=args.scheme, rule=args.rule)  # before any model is loaded
+    sampling, draft_sampling = _laws(args, isinstance(tree, DynamicTree))
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
@@ -243,16 +267,17 @@ def _run(args: argparse.Namespace) -> int:
         )
     try:
         report = verify(
-            target, draft, tree=args.tree, scheme=args.scheme, rule=args.rule, temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p, draft_temperature=args.draft_temperature, draft_top_k=args.draft_top_k,
-            draft_top_p=args.draft_top_p, prompt=prompt, horizon=h,
+            target, draft, tree=args.tree, scheme=args.scheme, rule=args.rule, sampling=sampling,
+            draft_sampling=draft_sampling, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
             alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
             mesh=args.mesh, prompt_bucket=args.prompt_bucket,
         )
+    except SettingError:
+        raise  # named by flag by the command line's main
     except ValueError as e:
-        raise CLIError(str(e).replace("pass a top_k", "pass --top-k")) from None
+        raise CLIError(str(e).replace("sampling.top_k = None", "no --top-k").replace("sampling.top_k", "--top-k")
+                       .replace("pass a Sampling with a top_k", "pass --top-k K")) from None
     print(report.to_json() if args.json else report.summary())
     if args.plots is not None:
         for path in report.save_plots(args.plots):

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxspec.errors import SettingError
 from jaxspec.core.numerics import clean, inverse_cdf
 
 __all__ = [
@@ -130,40 +131,39 @@ def _real_number(x) -> float:
     return float(x)
 
 
-def validate_warp_args(temperature=1.0, top_k=None, top_p=None) -> None:
-    """Check concrete warp arguments; traced ``temperature``/``top_p`` are skipped.
+def validate_warp_args(temperature=1.0, top_k=None, top_p=None, min_p=None) -> None:
+    """Check concrete warp arguments; traced ``temperature``/``top_p``/``min_p`` are skipped.
 
-    Raises ``ValueError`` naming the argument, the bad value and what was expected::
+    Raises :class:`~jaxspec.checks.SettingError` (a ``ValueError``) naming the argument, the
+    bad value and what was expected::
 
         >>> validate_warp_args(temperature=-1.0)
-        ValueError: temperature: expected a finite number >= 0 (0 means greedy), got -1.0
+        SettingError: temperature = -1.0: expected a finite number >= 0 (0 means greedy)
     """
     if not _is_traced(temperature):
+        greedy = "expected a finite number >= 0 (0 means greedy)"
         try:
             t = _real_number(temperature)
         except (TypeError, ValueError):
-            raise ValueError(
-                f"temperature: expected a finite number >= 0 (0 means greedy), got {temperature!r}"
-            ) from None
+            raise SettingError({"temperature": temperature}, greedy) from None
         if not math.isfinite(t) or t < 0:
-            raise ValueError(
-                f"temperature: expected a finite number >= 0 (0 means greedy), got {temperature!r}"
-            )
+            raise SettingError({"temperature": temperature}, greedy)
         if t > _F32_MAX:
-            raise ValueError(
-                f"temperature = {temperature!r}: expected at most {_F32_MAX:.4g} (the largest "
-                "float32 number; the logits are divided by it in float32)"
-            )
+            raise SettingError({"temperature": temperature}, f"expected at most {_F32_MAX:.4g} (the largest "
+                               "float32 number; the logits are divided by it in float32)")
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
-            raise ValueError(f"top_k: expected None or a static Python int >= 1, got {top_k!r}")
-    if top_p is not None and not _is_traced(top_p):
+            raise SettingError({"top_k": top_k}, "expected an integer >= 1 (or None: no top-k)")
+    for name, value, lo_open, what in (("top_p", top_p, True, "(0, 1] (or None: no top-p)"),
+                                       ("min_p", min_p, False, "[0, 1] (or None: no min-p)")):
+        if value is None or _is_traced(value):
+            continue
         try:
-            p = _real_number(top_p)
+            x = _real_number(value)
         except (TypeError, ValueError):
-            raise ValueError(f"top_p: expected None or a number in (0, 1], got {top_p!r}") from None
-        if not (0.0 < p <= 1.0):  # also rejects NaN
-            raise ValueError(f"top_p: expected None or a number in (0, 1], got {top_p!r}")
+            raise SettingError({name: value}, f"expected a number in {what}") from None
+        if not ((0.0 < x if lo_open else 0.0 <= x) and x <= 1.0):  # also rejects NaN
+            raise SettingError({name: value}, f"expected a number in {what}")
 
 
 # --------------------------------------------------------------------------- warps
@@ -225,8 +225,8 @@ def draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature=None,
     return tuple(d if g is None else g for d, g in zip(defaults, given))
 
 
-def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None):
-    """float32[..., V] law defined by temperature, then top-k, then top-p.
+def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None, min_p=None):
+    """float32[..., V] law defined by temperature, then top-k, then top-p, then min-p.
 
     * ``temperature == 0``: greedy, a one-hot at the argmax (ties -> lowest index).
       Python floats branch statically; a traced temperature selects with ``jnp.where``.
@@ -235,6 +235,11 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
       ranking uses the raw float32 logits (a positive temperature does not change the
       order in exact arithmetic, and dividing first could round distinct logits together).
     * ``top_p``: applied to the renormalized top-k law (:func:`top_p_mask`).
+    * ``min_p``: keeps the tokens whose probability is at least ``min_p`` times the largest
+      one's (Hugging Face's and vLLM's min-p), read from the law after temperature, top-k
+      and top-p (the ratio of two kept tokens does not depend on which others were cut).
+      The most likely token always stays; ``min_p = 0`` keeps every token, ``1`` only the
+      most likely (and its exact ties).
     * ``-inf`` logits get probability exactly 0. If every logit is ``-inf`` (no valid
       law) the result is a one-hot at index 0 instead of NaN.
     * Concrete logits must be finite or ``-inf``: NaN or ``+inf`` raises ``ValueError``
@@ -245,7 +250,7 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
         >>> warp_probs(jnp.log(jnp.array([.1, .2, .3, .4])), top_k=3, top_p=0.5)
         [0, 0, 3/7, 4/7]        # top-3 -> [0, 2/9, 3/9, 4/9] -> mass >= .5 needs 2 tokens
     """
-    validate_warp_args(temperature, top_k, top_p)
+    validate_warp_args(temperature, top_k, top_p, min_p)
     x = _check_logits(logits)  # [..., V]
     v = x.shape[-1]
     greedy = jax.nn.one_hot(jnp.argmax(x, axis=-1), v, dtype=jnp.float32)  # [..., V]
@@ -265,29 +270,35 @@ def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None)
     if top_p is not None and not (_concrete_float(top_p) == 1.0):
         mask = mask & top_p_mask(probs, top_p)
         probs, ok = _normalize_masked(z, mask)
+    if min_p is not None and not (_concrete_float(min_p) == 0.0):
+        top = jnp.max(probs, axis=-1, keepdims=True)  # [..., 1]
+        mask = mask & (probs >= jnp.asarray(min_p, jnp.float32) * top)
+        probs, ok = _normalize_masked(z, mask)
     probs = jnp.where(ok, probs, greedy)
     if t_static is None:
         probs = jnp.where(t == 0, greedy, probs)
     return probs
 
 
-def warp_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=None):
+def warp_logits(logits, *, temperature=1.0, top_k: int | None = None, top_p=None, min_p=None):
     """float32[..., V] log of :func:`warp_probs` (``-inf`` where the probability is 0)."""
-    return jnp.log(warp_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p))
+    return jnp.log(warp_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p))
 
 
 @dataclasses.dataclass(frozen=True)
 class Warp:
-    """The static half of a warp (hashable): ``top_k``, ``top_p``. The temperature is a
-    traced scalar passed at call time, so temperatures share one compilation."""
+    """The static half of a warp (hashable): ``top_k``, ``top_p``, ``min_p``. The
+    temperature is a traced scalar passed at call time, so temperatures share one
+    compilation."""
 
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
 
     def __call__(self, logits, temperature):
-        """float32[..., V] law: temperature, then top-k, then top-p
+        """float32[..., V] law: temperature, then top-k, top-p and min-p
         (:func:`warp_probs`; ``temperature == 0`` is greedy)."""
-        return warp_probs(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p)
+        return warp_probs(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
 

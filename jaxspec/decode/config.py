@@ -11,10 +11,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxspec.checks import is_int
-from jaxspec.core import rules, sampling
+from jaxspec.core import rules
+from jaxspec.core import sampling as core_sampling
 from jaxspec.core.sampling import Warp
+from jaxspec.core.settings import Sampling, check_sampling, draft_law
 from jaxspec.core.treespec import DynamicTree, StaticTree, resolve_tree
 from jaxspec.decode.as_drafter import as_drafter
+from jaxspec.decode.combinations import check_settings
 from jaxspec.decode.drafter import Drafter, DraftRequest
 from jaxspec.decode.inputs import position_limit
 from jaxspec.decode.output_checks import check_rule_output, is_library_code
@@ -118,14 +121,11 @@ def _check_mesh(mesh, target) -> Mesh | None:
     return mesh
 
 
-def _check_rows(rows, mesh) -> int | None:
+def _check_rows(rows) -> int | None:
     if rows is None:
         return None
     if not is_int(rows) or rows < 1:
         raise ValueError(f"rows = {rows!r}: expected None or an integer >= 1 (the prompts decoded at a time)")
-    if mesh is not None:
-        raise ValueError("rows: continuous batching runs on one device; pass mesh=None, or rows=None to split "
-                         "every prompt's row over the mesh")
     return int(rows)
 
 
@@ -169,19 +169,6 @@ def _check_prompt_length(prompt_length) -> None:
         raise ValueError(f"prompt_length = {prompt_length!r}: expected an integer >= 1")
 
 
-def _warp(prefix: str, temperature, top_k, top_p) -> tuple[Warp, float]:
-    """Validated (static warp, temperature)."""
-    try:
-        sampling.validate_warp_args(temperature, top_k, top_p)
-        if isinstance(temperature, jax.core.Tracer) or isinstance(top_p, jax.core.Tracer):
-            raise ValueError("temperature/top_p: expected concrete Python numbers, got a traced value")
-    except ValueError as e:
-        raise ValueError(f"{prefix}{e}") from None
-    top_k = None if top_k is None else int(top_k)
-    top_p = None if top_p is None or float(top_p) == 1.0 else float(top_p)
-    return Warp(top_k, top_p), float(temperature)
-
-
 def _check_positions(name: str, model, needed: int, what: str) -> None:
     limit = position_limit(model)
     if limit is not None and needed > limit:
@@ -202,12 +189,8 @@ def build_config(
     tree,
     scheme: str | None = None,
     rule="auto",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    draft_temperature: float | None = None,
-    draft_top_k: int | None = None,
-    draft_top_p: float | None = None,
+    sampling: Sampling | None = None,
+    draft_sampling: Sampling | None = None,
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
     rows: int | None = None,
@@ -223,7 +206,7 @@ def build_config(
     Arguments as in :func:`generate`; ``graphdefs``: ``(target graphdef, draft graphdef)``
     when the caller already split the models (``nnx.split``; an n-gram draft is its own
     definition), else they are computed here. Returns ``(config, temperature, draft_temperature)``:
-    the temperatures (the draft's resolved by :func:`jaxspec.core.sampling.draft_warp_args`) are
+    the temperatures (the draft's resolved by :func:`jaxspec.core.settings.draft_law`) are
     traced arguments of the compiled function, not part of the configuration, so that new
     temperatures do not recompile. Equal arguments give equal (hashable) configurations::
 
@@ -241,39 +224,28 @@ def build_config(
     else:
         tdef, drafter = _check_graphdefs(graphdefs, draft)
     mesh = _check_mesh(mesh, target)
-    given = tuple((name, value) for name, value in (("draft_temperature", draft_temperature),
-                                                    ("draft_top_k", draft_top_k), ("draft_top_p", draft_top_p))
-                  if value is not None)
-    scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, given))  # the drafter's own refusals
-    sampling.check_scheme(scheme)
-    if isinstance(spec, DynamicTree):
-        if spec.topk > v:
-            raise ValueError(f"tree: DynamicTree.topk = {spec.topk} exceeds vocab_size = {v}")
-    elif scheme != "iid" and spec.max_siblings > v:
-        raise ValueError(
-            f"tree: a node has {spec.max_siblings} children, more than vocab_size = {v} distinct "
-            f"tokens; scheme={scheme!r} needs distinct siblings (use scheme='iid' or a narrower tree)"
-        )
-    target_warp, t_temp = _warp("", temperature, top_k, top_p)
-    draft_warp, d_temp = _warp(
-        "draft_",
-        *sampling.draft_warp_args(
-            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-        ),
-    )
+    law = check_sampling("sampling", sampling, Sampling())
+    draft_sampling = check_sampling("draft_sampling", draft_sampling)
+    rows = _check_rows(rows)
+    if scheme is not None:
+        core_sampling.check_scheme(scheme)
+    check_settings(tree=spec, scheme=scheme, rule=rule, mesh=mesh, rows=rows)  # before the drafter's own
+    scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, draft_sampling))  # the drafter's refusals
+    core_sampling.check_scheme(scheme)
+    check_settings(tree=spec, scheme=scheme, rule=rule, vocab_size=v)  # with the scheme the drafter chose
+    dlaw = draft_law(scheme, law, draft_sampling)
     capacity = int(prompt_length) + m + spec.cache_slots + 1
     for name, model in (("target", target), ("draft", drafter)):
         _check_positions(
             name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
         )
-    rows = _check_rows(rows, mesh)
     parts = _with_rule(_check_parts(parts), rule, scheme, spec)
     if not is_library_code(parts.accept):  # a caller's rule: its output checked once, before any loop
         name = "rule" if parts.accept is rule else "parts.accept"
         check_rule_output(parts.accept, scheme, spec.num_nodes, v, name)
-    cfg = SpecConfig(tdef, drafter, spec, scheme, target_warp, draft_warp, m, capacity, parts=parts, mesh=mesh,
+    cfg = SpecConfig(tdef, drafter, spec, scheme, law.warp, dlaw.warp, m, capacity, parts=parts, mesh=mesh,
                      rows=rows)
-    return cfg, t_temp, d_temp
+    return cfg, law.temperature, dlaw.temperature
 
 
 def build_ar_config(
@@ -281,9 +253,7 @@ def build_ar_config(
     *,
     prompt_length: int,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: Sampling | None = None,
     mesh: Mesh | None = None,
     graphdef=None,
 ) -> tuple[ARConfig, float]:
@@ -293,8 +263,8 @@ def build_ar_config(
     check_transformer("target", target)
     _check_prompt_length(prompt_length)
     m = _check_budget(max_new_tokens)
-    warp, temp = _warp("", temperature, top_k, top_p)
+    law = check_sampling("sampling", sampling, Sampling())
     capacity = int(prompt_length) + m
     _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
     tdef = nnx.graphdef(target) if graphdef is None else _check_graphdef("graphdef", graphdef)
-    return ARConfig(tdef, warp, m, capacity, mesh=_check_mesh(mesh, target)), temp
+    return ARConfig(tdef, law.warp, m, capacity, mesh=_check_mesh(mesh, target)), law.temperature

@@ -63,12 +63,10 @@ __all__ = ["ModuleDraft", "ModelDraft", "model_scheme", "model_forwards", "propo
 
 def model_scheme(request: DraftRequest) -> str:
     """The sibling scheme a drafter that runs a model serves: any scheme on a static tree
-    (default ``without_replacement``), ``deterministic`` only on a DynamicTree (its
-    candidates are fixed choices); ``ValueError`` naming the scheme otherwise."""
+    (default ``without_replacement``), ``deterministic`` on a DynamicTree (its candidates
+    are fixed choices; any other scheme there is refused by the settings table,
+    :mod:`jaxspec.decode.combinations`, before a drafter is asked)."""
     if isinstance(request.tree, DynamicTree):
-        if request.scheme not in (None, "deterministic"):
-            raise ValueError(f"scheme = {request.scheme!r}: a DynamicTree chooses fixed candidates; expected "
-                             "scheme='deterministic'")
         return "deterministic"
     return "without_replacement" if request.scheme is None else request.scheme
 

@@ -58,6 +58,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 
+from jaxspec.errors import SettingError
 from jaxspec.core.sampling import Warp
 
 __all__ = ["Drafter", "DraftRequest", "Prompt", "Context", "DraftLaw", "Proposal", "Outcome", "check_drafter",
@@ -72,7 +73,7 @@ class DraftRequest(NamedTuple):
     tree: Any  # StaticTree | DynamicTree
     scheme: str | None  # None: the drafter's default
     mesh: Any  # jax.sharding.Mesh | None
-    draft_sampling: tuple  # ((name, value), ...) the draft sampling arguments given (not None)
+    draft_sampling: Any  # jaxspec.Sampling | None: the draft law the caller asked for (None: the default)
 
 
 class Prompt(NamedTuple):
@@ -165,7 +166,8 @@ def check_drafter(name: str, drafter) -> Drafter:
 
 
 def refuse_draft_sampling(request: DraftRequest, why: str) -> None:
-    """``ValueError`` naming the first draft sampling argument given, for a drafter whose
-    proposals have no law to warp (``why`` says which drafter)."""
-    for name, value in request.draft_sampling:
-        raise ValueError(f"{name} = {value!r}: {why} has no proposal law; expected None")
+    """A :class:`~jaxspec.checks.SettingError` naming ``draft_sampling`` when the caller
+    gave one, for a drafter whose proposals have no law to warp (``why`` says which
+    drafter)."""
+    if request.draft_sampling is not None:
+        raise SettingError({"draft_sampling": request.draft_sampling}, f"{why} has no proposal law; expected None")

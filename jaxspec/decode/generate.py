@@ -4,7 +4,8 @@ target-only baseline on the same model code.
 ::
 
     out = jaxspec.generate(key, target, draft, [[3, 1, 4], [1, 5]], max_new_tokens=32,
-                           tree=(3, 2, 1), scheme="without_replacement", temperature=0.8)
+                           tree=(3, 2, 1), scheme="without_replacement",
+                           sampling=jaxspec.Sampling(temperature=0.8))
     out.tokens    # int32[B, 32], -1 after each row's end
     out.lengths   # int32[B]
     out.tau       # float32[B] tokens per target call
@@ -26,11 +27,11 @@ more (its compute continues, masked: shapes are static). Randomness: row b uses
 independent samples.
 
 Compilation: one ``jax.jit`` per static configuration (:class:`SpecConfig` /
-:class:`ARConfig`: model graphdefs, tree, scheme, top-k/top-p, budget, cache capacity),
+:class:`ARConfig`: model graphdefs, tree, scheme, the warps, budget, cache capacity),
 kept in a module-level cache. Models travel as ``nnx.split`` state arguments; keys,
 prompts, temperatures and stop tokens are traced arguments: new keys, prompts of the same
 shape, other temperatures, other stop tokens (same count) or new weights of the same
-architecture do not retrace.
+architecture do not retrace. The warps (top-k, top-p, min-p) are part of the configuration.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxspec.core import sampling
+from jaxspec.core.sampling import SCHEMES as SAMPLING_SCHEMES
+from jaxspec.core.sampling import check_key
+from jaxspec.core.settings import Sampling
 from jaxspec.decode.as_drafter import as_drafter
+from jaxspec.decode.combinations import check_settings
 from jaxspec.decode.config import ARConfig, SpecConfig, build_ar_config, build_config
 from jaxspec.decode.inputs import (
     PROMPT_BUCKET,
@@ -98,7 +102,7 @@ __all__ = [
 #: the default pair (benchmarks/README.md, decode_speed)
 DEFAULT_TREE = "chain:4"
 
-SCHEMES = sampling.SCHEMES
+SCHEMES = SAMPLING_SCHEMES
 
 
 def streamed(cfg, on_round, b: int, states, key, tokens, lens, *scalars) -> GenerateResult:
@@ -146,12 +150,8 @@ def generate(
     tree=DEFAULT_TREE,
     scheme: str | None = None,
     rule="auto",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    draft_temperature: float | None = None,
-    draft_top_k: int | None = None,
-    draft_top_p: float | None = None,
+    sampling: Sampling | None = None,
+    draft_sampling: Sampling | None = None,
     stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
     parts: RoundParts | None = None,
@@ -187,12 +187,13 @@ def generate(
         or a function with the signature of :func:`jaxspec.core.acceptance.accept_core`
         (:mod:`jaxspec.core.rules` lists the combinations each rule is proved lossless
         on; the others are refused).
-      temperature, top_k, top_p: the target law (temperature, then top-k, then top-p).
-      draft_temperature, draft_top_k, draft_top_p: the draft's proposal law. ``None``
-        inherits the target's value for the sampling schemes (``iid``,
-        ``without_replacement``); for ``deterministic`` (static or dynamic trees, whose
-        draft only *ranks* candidates) ``None`` means temperature 1 and no top-k/top-p.
-        Either way ``q`` is the law actually sampled, so the output law is unchanged.
+      sampling: the target law, a :class:`jaxspec.Sampling` (temperature, then top-k,
+        top-p and min-p); ``None``: ``Sampling()``, the model's own law at temperature 1.
+      draft_sampling: the draft's proposal law, a :class:`jaxspec.Sampling`. ``None``: the
+        target's law for the sampling schemes (``iid``, ``without_replacement``); for
+        ``deterministic`` (static or dynamic trees, whose draft only *ranks* candidates)
+        ``Sampling()``. Either way ``q`` is the law actually sampled, so the output law is
+        unchanged (:func:`jaxspec.core.settings.draft_law`).
       stop_tokens: a row ends at its first stop token (included in the output). ``None``
         (default): the target's end-of-text token(s), ``target.config.eos_token_id``, if its
         config has one; ``()``: no stop token (every row runs to ``max_new_tokens``). See
@@ -237,7 +238,7 @@ def generate(
     """
     check_transformer("target", target)
     drafter, dstate = as_drafter(draft)
-    key = sampling.check_key(key)
+    key = check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
@@ -245,13 +246,10 @@ def generate(
     tdef, tstate = nnx.split(target)
     cfg, t_temp, d_temp = build_config(
         target, drafter, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
-        scheme=scheme, rule=rule, temperature=temperature, top_k=top_k, top_p=top_p,
-        draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p,
-        parts=parts, mesh=mesh, rows=rows, graphdefs=(tdef, drafter),
+        scheme=scheme, rule=rule, sampling=sampling, draft_sampling=draft_sampling, parts=parts, mesh=mesh,
+        rows=rows, graphdefs=(tdef, drafter),
     )
-    if _check_on_round(on_round) is not None and cfg.rows is not None:
-        raise ValueError("rows: on_round streams the rows of one batch; with continuous batching a row changes "
-                         "prompts, so pass on_round=None (or rows=None)")
+    check_settings(rows=cfg.rows, on_round=_check_on_round(on_round))
     cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
     check_generate_memory(target.config, getattr(drafter, "config", None), rows=cfg.rows or tokens.shape[0],
                           width=tokens.shape[1], capacity=cfg.capacity, tree_rows=cfg.num_nodes + 1,
@@ -312,9 +310,7 @@ def generate_autoregressive(
     prompts,
     *,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: Sampling | None = None,
     stop_tokens: Sequence[int] | None = None,
     on_round: Callable | None = None,
     mesh: Mesh | None = None,
@@ -323,19 +319,20 @@ def generate_autoregressive(
     """Target-only sampling (the baseline), same model code and output format as
     :func:`generate`: prefill, then one token per step in a ``lax.while_loop``, each drawn
     with ``sample_categorical`` from the warped target law (row b: ``fold_in(key, b)``,
-    step t: ``fold_in(row_key, t)``). ``temperature=0`` is greedy decoding. ``stop_tokens``
+    step t: ``fold_in(row_key, t)``). ``sampling``: the target law, a :class:`jaxspec.Sampling`
+    (``None``: ``Sampling()``; ``Sampling(temperature=0)`` is greedy decoding). ``stop_tokens``
     as in :func:`generate` (default: the target's ``eos_token_id``; ``()``: none);
     ``on_round`` as in :func:`generate` (called after every token); ``mesh`` and
     ``prompt_bucket`` as in :func:`generate`."""
     check_transformer("target", target)
-    key = sampling.check_key(key)
+    key = check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
-        target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, mesh=mesh, graphdef=tdef,
+        target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, sampling=sampling, mesh=mesh,
+        graphdef=tdef,
     )
     cfg, tokens = bucket_config(cfg, tokens, (target,), bucket)
     check_generate_memory(target.config, None, rows=tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,

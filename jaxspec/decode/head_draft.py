@@ -46,6 +46,7 @@ from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import ModuleDraft, draw_children
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
+from jaxspec.errors import SettingError
 from jaxspec.nn.cache import KVCache, init_cache
 from jaxspec.nn.head import FeatureHead, check_head_config_for
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
@@ -151,10 +152,11 @@ class HeadDraft(ModuleDraft):
     def check(self, target, request: DraftRequest) -> str:
         check_head_config_for("draft", self.config, target)
         if isinstance(request.tree, DynamicTree):
-            raise ValueError(f"tree = {request.tree}: a feature head drafts static trees (a chain such as 'chain:4', "
-                             "or 'branch:3,1,1'); a DynamicTree takes a draft model")
+            raise SettingError({"tree": request.tree}, "a feature head drafts static trees (a chain such as 'chain:4', "
+                               "or 'branch:3,1,1'); a DynamicTree takes a draft model")
         if request.mesh is not None:
-            raise ValueError("mesh: a feature-head draft runs on one device; pass mesh=None or a draft model")
+            raise SettingError({"mesh": request.mesh}, "a feature-head draft runs on one device; expected mesh None, "
+                               "or a draft model")
         return "without_replacement" if request.scheme is None else request.scheme
 
     def forwards(self, tree) -> int:

@@ -43,6 +43,7 @@ from jax import lax
 from jaxspec.checks import is_int
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal, refuse_draft_sampling
+from jaxspec.errors import SettingError
 
 __all__ = ["NgramDraft", "NgramState", "history", "match_candidates", "propose_ngram", "sibling_ranks"]
 
@@ -113,11 +114,11 @@ class NgramDraft:
 
     def check(self, target, request: DraftRequest) -> str:
         if isinstance(request.tree, DynamicTree):
-            raise ValueError(f"tree = {request.tree}: a DynamicTree ranks a draft model's candidates; an n-gram "
-                             "draft takes a static tree (a chain such as 'chain:4', or 'branch:3,1,1')")
+            raise SettingError({"tree": request.tree}, "a DynamicTree ranks a draft model's candidates; an n-gram "
+                               "draft takes a static tree (a chain such as 'chain:4', or 'branch:3,1,1')")
         if request.scheme not in (None, "deterministic"):
-            raise ValueError(f"scheme = {request.scheme!r}: an n-gram draft proposes fixed tokens; expected "
-                             "scheme='deterministic' (or None)")
+            raise SettingError({"scheme": request.scheme}, "an n-gram draft proposes fixed tokens; expected "
+                               "scheme 'deterministic' (its default)")
         refuse_draft_sampling(request, "an n-gram draft")
         return "deterministic"
 

@@ -146,11 +146,12 @@ def cells_bound(vocab_size: int, horizon: int, *, temperature: float = 1.0, top_
 
 
 def exact_law(target: Transformer, prompt: Sequence[int], horizon: int, *, temperature: float = 1.0,
-              top_k: int | None = None, top_p: float | None = None, max_cells: int = MAX_CELLS) -> ExactLaw:
+              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+              max_cells: int = MAX_CELLS) -> ExactLaw:
     """Enumerate the law of the first ``horizon`` tokens sampled after ``prompt`` from the
     warped target: one batched :func:`forward_logits` per level over the live prefixes."""
     v = target.config.vocab_size
-    warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    warp = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     prefixes = np.zeros((1, 0), np.int32)
     probs = np.ones(1)
     levels = []

@@ -84,6 +84,7 @@ from scipy import stats as _scipy_stats
 
 from jaxspec.checks import is_int
 from jaxspec.core import rules
+from jaxspec.core.settings import Sampling
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
@@ -190,29 +191,27 @@ GREEDY_SCOPE = ("temperature 0: the target law is one cell (the greedy sequence)
                 "causal-mask mutants) pass it. Run at a temperature > 0 to test the sampling law.")
 
 
-def _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-           draft_temperature, draft_top_k, draft_top_p, rule="token", parts=None, prompt_bucket=None) -> _Setup:
+def _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule="token", parts=None,
+           prompt_bucket=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
     ``prompt``: built, and validated, by their own :func:`jaxspec.decode.generate.build_config`
     and :func:`~jaxspec.decode.generate.build_ar_config`, then padded to ``prompt_bucket``
     (:func:`~jaxspec.decode.generate.bucket_config`; ``None``: the prompt's own width, what
     ``generate(..., prompt_bucket=None)`` compiles)."""
-    settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, temperature=temperature, top_k=top_k, top_p=top_p,
-                    draft_temperature=draft_temperature, draft_top_k=draft_top_k, draft_top_p=draft_top_p)
+    settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, sampling=sampling, draft_sampling=draft_sampling)
     t = len(prompt)
     spec_cfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
     first_cfg, _, _ = gen.build_config(target, draft, prompt_length=t, max_new_tokens=1, **settings)
-    ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, temperature=temperature,
-                                     top_k=top_k, top_p=top_p)
+    ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, sampling=sampling)
     one = np.zeros((1, t), np.int32)
     (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), prompt_bucket)
                                                     for c in (spec_cfg, first_cfg))
     ar_cfg, ar_tok = gen.bucket_config(ar_cfg, one, (target,), prompt_bucket)
     t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
     return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
-                  dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p),
-                  dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p),
+                  dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p, min_p=t_warp.min_p),
+                  dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p, min_p=d_warp.min_p),
                   {"spec": spec_tok.shape[1], "first": first_tok.shape[1], "ar": ar_tok.shape[1]})
 
 
@@ -297,12 +296,8 @@ def verify(
     tree=None,
     scheme: str | None = DEFAULT_SCHEME,
     rule="auto",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    draft_temperature: float | None = None,
-    draft_top_k: int | None = None,
-    draft_top_p: float | None = None,
+    sampling: Sampling | None = None,
+    draft_sampling: Sampling | None = None,
     prompt: Sequence[int] | None = None,
     horizon: int = 3,
     num_samples: int = 10**6,
@@ -323,7 +318,7 @@ def verify(
       target, draft: the target and its draft (both or neither; default :func:`default_pair`):
         a draft model, a feature head, or any drafter of the :class:`~jaxspec.Drafter`
         protocol, as :func:`jaxspec.generate` takes.
-      tree, scheme, rule, temperature, top_k, top_p, draft_*: as in :func:`jaxspec.generate`,
+      tree, scheme, rule, sampling, draft_sampling: as in :func:`jaxspec.generate`,
         with its defaults (``tree=None``: :data:`DEFAULT_TREE`, or with a ``mutant`` the
         configuration it breaks, :data:`MUTANT_CONFIG`).
         ``rule`` may be a function with the signature of
@@ -384,14 +379,13 @@ def verify(
         tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
-    setup = _setup(target, draft, prompt, horizon, tree, scheme, temperature, top_k, top_p,
-                   draft_temperature, draft_top_k, draft_top_p, rule, parts, prompt_bucket)
+    setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
     if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
-        raise ValueError(f"top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
-                         "pass a top_k so that top_k**horizon cells are countable")
+        raise ValueError(f"sampling.top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
+                         "pass a Sampling with a top_k, so that top_k**horizon cells are countable")
     k = min(v, setup.target_warp["top_k"] or v)
     if cells_bound(v, horizon, temperature=setup.temperature, top_k=k) > MAX_CELLS:  # before enumerating
-        raise ValueError(f"top_k = {setup.target_warp['top_k']}, horizon = {horizon}: {k}**{horizon}"
+        raise ValueError(f"sampling.top_k = {setup.target_warp['top_k']}, horizon = {horizon}: {k}**{horizon}"
                          f"{f' = {k**horizon}' if horizon <= 64 else ''} joint cells, more than MAX_CELLS = "
                          f"{MAX_CELLS}; pass a smaller top_k or horizon")
     if mesh is not None:
@@ -530,9 +524,11 @@ def verify(
         "temperature": setup.temperature,
         "top_k": setup.target_warp["top_k"],
         "top_p": setup.target_warp["top_p"],
+        "min_p": setup.target_warp["min_p"],
         "draft_temperature": setup.draft_temperature,
         "draft_top_k": setup.draft_warp["top_k"],
         "draft_top_p": setup.draft_warp["top_p"],
+        "draft_min_p": setup.draft_warp["min_p"],
         "prompt": list(prompt),
         "horizon": horizon,
         "vocab_size": v,

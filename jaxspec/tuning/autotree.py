@@ -29,7 +29,7 @@ Example (the embedded pair; the first call measures, later calls read the cache)
     import jax, jaxspec
     target = jaxspec.load_model("default-target")
     draft = jaxspec.load_model("default-draft")
-    res = jaxspec.auto_tree(target, draft, scheme="deterministic", temperature=1.0,
+    res = jaxspec.auto_tree(target, draft, scheme="deterministic", sampling=jaxspec.Sampling(temperature=1.0),
                             budgets=(2, 4, 8), max_depth=6, key=jax.random.key(0))
     print(res.table())          # N, depth, predicted tau, round ms, tokens/s, speedup
     out = jaxspec.generate(jax.random.key(1), target, draft, [[256, 100]],
@@ -63,8 +63,10 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.checks import is_int
-from jaxspec.core import rules, sampling
-from jaxspec.core.sampling import Warp
+from jaxspec.core import rules
+from jaxspec.core.sampling import check_scheme
+from jaxspec.core.settings import Sampling, check_sampling, draft_law
+from jaxspec.decode.combinations import check_settings
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.draft import ModelDraft
 from jaxspec.decode.round import (
@@ -199,17 +201,16 @@ def _check_pos(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-#: the rules auto_tree's candidates (branching trees, and chains) can be timed with
-_AUTO_RULES = (rules.AUTO, "token", "traversal")
+def _warp_entry(law: Sampling) -> list:
+    """A law in the cache key: [temperature, top_k, top_p], plus min_p when it is set (the
+    entries written before min-p existed keep their keys)."""
+    w = law.warp
+    return [law.temperature, w.top_k, w.top_p, *([] if w.min_p is None else [w.min_p])]
 
 
 def _check_rule(rule) -> str:
-    """A rule name every candidate tree takes: ``"auto"``, ``"token"`` or ``"traversal"``
-    (``"block"`` verifies chains only; a function cannot key the cache)."""
-    if not isinstance(rule, str) or rule not in _AUTO_RULES:
-        hint = ("; rule='block' verifies chains only, and 'auto' already uses it on the chains among the "
-                "candidates" if rule == "block" else "")
-        raise ValueError(f"rule = {rule!r}: expected one of {', '.join(map(repr, _AUTO_RULES))}{hint}")
+    """A rule name every candidate tree takes (the settings table's ``auto`` rows)."""
+    check_settings(auto=True, rule=rule)
     return rule
 
 
@@ -310,7 +311,7 @@ def _full_cache(model: Transformer, batch: int, capacity: int, length: int):
 
 
 def measure_target_step(
-    target: Transformer, *, temperature: float = 1.0, top_k=None, top_p=None,
+    target: Transformer, *, sampling: Sampling | None = None,
     batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
 ) -> float:
     """Seconds of one target-only decode step at ``batch_size`` rows: the forward of one
@@ -318,11 +319,11 @@ def measure_target_step(
     :func:`jaxspec.generate_autoregressive` (jitted ``fori_loop`` of ``loops`` steps,
     median of ``repeats``)."""
     check_transformer("target", target)
-    sampling.validate_warp_args(temperature, top_k, top_p)
+    law = check_sampling("sampling", sampling, Sampling())
     b = _check_pos("batch_size", batch_size)
     cap = _check_pos("context_len", context_len, 2)
     loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
-    warp = Warp(top_k, top_p)
+    warp = law.warp
     gdef, state = nnx.split(target)
     length = cap - 1  # the cache as full as it gets; attention runs over all slots anyway
 
@@ -343,14 +344,14 @@ def measure_target_step(
         init = (jnp.zeros((b,), jnp.int32), start_emitted(b, loops + 1), jnp.int32(0))
         return jax.lax.fori_loop(0, loops, body, init)[2]
 
-    return _median_seconds(lambda i: run(state, jax.random.key(i), jnp.float32(temperature)),
+    return _median_seconds(lambda i: run(state, jax.random.key(i), jnp.float32(law.temperature)),
                            loops, repeats)
 
 
 def measure_round_cost(
     target: Transformer, draft: Transformer, tree, *, scheme: str, rule=rules.AUTO,
-    temperature: float = 1.0, top_k=None, top_p=None, draft_temperature=None, draft_top_k=None,
-    draft_top_p=None, batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
+    sampling: Sampling | None = None, draft_sampling: Sampling | None = None,
+    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
 ) -> RoundCost:
     """Seconds of one speculative round with a static ``tree`` on this device.
 
@@ -366,7 +367,7 @@ def measure_round_cost(
     """
     check_transformer("target", target)
     check_transformer("draft", draft)
-    sampling.check_scheme(scheme)
+    check_scheme(scheme)
     tree = StaticTree.from_parents(tree) if not isinstance(tree, StaticTree) else tree
     n = tree.num_nodes
     b = _check_pos("batch_size", batch_size)
@@ -376,14 +377,11 @@ def measure_round_cost(
             f"context_len: {cap} cache slots cannot hold a round of {n} nodes; expected >= {n + 3}"
         )
     loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
-    sampling.validate_warp_args(temperature, top_k, top_p)
-    dt, dk, dp = sampling.draft_warp_args(
-        scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-    )
-    sampling.validate_warp_args(dt, dk, dp)
+    law = check_sampling("sampling", sampling, Sampling())
+    dlaw = draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling))
     # the acceptance step generate's build_config puts in RoundParts for this rule and tree
     parts = RoundParts(accept=rules.check_rule(rule, scheme, tree))
-    round_cfg = RoundConfig(tree, scheme, Warp(top_k, top_p), Warp(dk, dp), parts)
+    round_cfg = RoundConfig(tree, scheme, law.warp, dlaw.warp, parts)
     t_warp = round_cfg.target_warp
     tdef, tstate = nnx.split(target)
     drafter, dstate = ModelDraft.of(draft)
@@ -428,7 +426,7 @@ def measure_round_cost(
 
         return jax.lax.fori_loop(0, loops, body, (seq0, jnp.float32(0)))[1]
 
-    t, d = jnp.float32(temperature), jnp.float32(dt)
+    t, d = jnp.float32(law.temperature), jnp.float32(dlaw.temperature)
     round_s = _median_seconds(lambda i: run_round(tstate, dstate, jax.random.key(i), t, d), loops, repeats)
     verify_s = _median_seconds(lambda i: run_verify(tstate, t), loops, repeats)
     return RoundCost(verify_s=verify_s, round_s=round_s)
@@ -519,12 +517,8 @@ def auto_tree(
     *,
     scheme: str,
     rule: str = rules.AUTO,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    draft_temperature: float | None = None,
-    draft_top_k: int | None = None,
-    draft_top_p: float | None = None,
+    sampling: Sampling | None = None,
+    draft_sampling: Sampling | None = None,
     budgets: Sequence[int] = DEFAULT_BUDGETS,
     max_depth: int = 8,
     key=None,
@@ -547,8 +541,8 @@ def auto_tree(
 
     Args:
       target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
-      scheme, temperature, top_k, top_p, draft_*: as :func:`jaxspec.generate` (the
-        acceptance vector depends on them).
+      scheme, sampling, draft_sampling: as :func:`jaxspec.generate` (the acceptance vector
+        depends on them).
       rule: the verification rule :func:`jaxspec.generate` will be called with:
         ``"auto"`` (its default: each candidate's rounds are timed with block verification
         if it is a chain, the token rule otherwise), ``"token"`` or ``"traversal"``.
@@ -580,15 +574,10 @@ def auto_tree(
     v = target.config.vocab_size
     if draft.config.vocab_size != v:
         raise ValueError(f"draft: vocab_size = {draft.config.vocab_size}; expected the target's vocab_size = {v}")
-    sampling.check_scheme(scheme)
+    check_scheme(scheme)
     rule = _check_rule(rule)
-    sampling.validate_warp_args(temperature, top_k, top_p)
-    dwarp = sampling.draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature,
-                                     draft_top_k, draft_top_p)
-    try:
-        sampling.validate_warp_args(*dwarp)
-    except ValueError as e:
-        raise ValueError(f"draft_{e}") from None
+    law = check_sampling("sampling", sampling, Sampling())
+    dlaw = draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling))
     budgets = _check_budgets(budgets)
     max_depth = _check_pos("max_depth", max_depth)
     num_draws, key = check_draws(scheme, key, num_draws)  # a key unless deterministic
@@ -616,8 +605,8 @@ def auto_tree(
         # the rule of the timed rounds; absent for "token", whose rounds are timed as they were
         # before the rule was a setting, so that those cache entries keep their key
         **({} if rule == "token" else {"rule": rule}),
-        "target_warp": [float(temperature), top_k, None if top_p is None else float(top_p)],
-        "draft_warp": [float(dwarp[0]), dwarp[1], None if dwarp[2] is None else float(dwarp[2])],
+        "target_warp": _warp_entry(law),
+        "draft_warp": _warp_entry(dlaw),
         "budgets": list(budgets), "max_depth": max_depth, "max_rank": max_rank,
         "num_draws": num_draws if scheme != "deterministic" else None,
         "key": None if scheme == "deterministic" else np.asarray(jax.random.key_data(key)).tolist(),
@@ -641,23 +630,19 @@ def auto_tree(
                leave=False)
     bar.set_postfix_str("acceptance")
     est = measure_acceptance(
-        target, draft, windows, max_rank=max_rank, scheme=scheme, temperature=temperature,
-        top_k=top_k, top_p=top_p, draft_temperature=draft_temperature, draft_top_k=draft_top_k,
-        draft_top_p=draft_top_p, key=key, num_draws=num_draws,
-        batch_size=8 if scheme == "deterministic" else 2,
+        target, draft, windows, max_rank=max_rank, scheme=scheme, sampling=law, draft_sampling=dlaw, key=key,
+        num_draws=num_draws, batch_size=8 if scheme == "deterministic" else 2,
     )
     bar.update()
     bar.set_postfix_str("target step")
-    warp = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     common = dict(batch_size=batch_size, context_len=context_len, loops=loops, repeats=repeats)
-    step = measure_target_step(target, **warp, **common)
+    step = measure_target_step(target, sampling=law, **common)
     bar.update()
 
     def cost(tree: StaticTree) -> RoundCost:
         bar.set_postfix_str(f"round of {tree.num_nodes} nodes")
-        c = measure_round_cost(target, draft, tree, scheme=scheme, rule=rule, **warp,
-                               draft_temperature=draft_temperature, draft_top_k=draft_top_k,
-                               draft_top_p=draft_top_p, **common)
+        c = measure_round_cost(target, draft, tree, scheme=scheme, rule=rule, sampling=law, draft_sampling=dlaw,
+                               **common)
         bar.update()
         return c
 

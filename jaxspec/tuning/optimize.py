@@ -55,7 +55,8 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.checks import is_int
-from jaxspec.core import sampling
+from jaxspec.core import sampling as core_sampling
+from jaxspec.core.settings import Sampling, check_sampling, draft_law
 from jaxspec.core import tree as treelib
 from jaxspec.core.token_rule import accept_probabilities
 from jaxspec.nn.model import forward_logits
@@ -311,7 +312,7 @@ def _rank_probs_one(p, q, keys, max_rank: int, scheme: str):
     p, q: float32[V] target law and draft proposal law of the row.
     """
     if scheme == "deterministic":
-        tokens, _ = sampling.draw_deterministic(q, max_rank)  # draft top-k, ties by index
+        tokens, _ = core_sampling.draw_deterministic(q, max_rank)  # draft top-k, ties by index
         # reach k = 1 - sum_{j<k} p(x_j); accept given reached = p(x_k) / reach -> p(x_k)
         return p[tokens]
     star = np.full((max_rank,), -1, np.int32)  # every sibling a child of the root
@@ -320,7 +321,7 @@ def _rank_probs_one(p, q, keys, max_rank: int, scheme: str):
     Q = jnp.broadcast_to(q, (max_rank + 1, v))
 
     def one_draw(key):
-        tokens, _ = sampling.draw(key, q, max_rank, scheme)
+        tokens, _ = core_sampling.draw(key, q, max_rank, scheme)
         acc, _ = accept_probabilities(star, tokens, P, Q, scheme=scheme)  # [R] | tried
         reach = jnp.cumprod(jnp.concatenate([jnp.ones((1,), acc.dtype), 1.0 - acc[:-1]]))
         return acc * reach
@@ -340,8 +341,8 @@ _forward = nnx.jit(forward_logits)  # one compile per model structure and window
 @functools.partial(jax.jit, static_argnames=("max_rank", "scheme", "target_warp", "draft_warp"))
 def _warped_rank_probs(t_logits, d_logits, keys, *, max_rank, scheme, target_warp, draft_warp):
     """float32[M, max_rank] from raw logits float32[M, V] of both models, keys [M, draws]."""
-    P = sampling.warp_probs(t_logits, **dict(target_warp))
-    Q = sampling.warp_probs(d_logits, **dict(draft_warp))
+    P = core_sampling.warp_probs(t_logits, **dict(target_warp))
+    Q = core_sampling.warp_probs(d_logits, **dict(draft_warp))
     return jax.vmap(lambda p, q, k: _rank_probs_one(p, q, k, max_rank, scheme))(P, Q, keys)
 
 
@@ -367,7 +368,7 @@ class _Moments:
 
 
 def _check_scheme_rank(scheme, max_rank, v: int) -> int:
-    sampling.check_scheme(scheme)
+    core_sampling.check_scheme(scheme)
     max_rank = _check_positive_int("max_rank", max_rank)
     if scheme != "iid" and max_rank > v:
         raise ValueError(
@@ -382,7 +383,7 @@ def check_draws(scheme, key, num_draws) -> tuple[int, jax.Array | None]:
     num_draws = _check_positive_int("num_draws", num_draws)
     if scheme != "deterministic" and key is None:
         raise ValueError(f"key: scheme={scheme!r} draws siblings at random; pass a jax.random.key")
-    return num_draws, None if key is None else sampling.check_key(key)
+    return num_draws, None if key is None else core_sampling.check_key(key)
 
 
 def _keys(key, chunk: int, m: int, num_draws: int):
@@ -433,18 +434,10 @@ def positional_acceptance(
     return mom.result()
 
 
-def _warp_key(temperature, top_k, top_p, prefix: str = "") -> tuple:
-    """The static warp as a hashable key; errors name the argument with ``prefix``
-    (``draft_`` for the draft's warp)."""
-    try:
-        sampling.validate_warp_args(temperature, top_k, top_p)
-    except ValueError as e:
-        raise ValueError(f"{prefix}{e}") from None
-    return (
-        ("temperature", float(temperature)),
-        ("top_k", None if top_k is None else int(top_k)),
-        ("top_p", None if top_p is None else float(top_p)),
-    )
+def _warp_key(law: Sampling) -> tuple:
+    """The law's static warp and temperature as a hashable key of the jitted function."""
+    w = law.warp
+    return (("temperature", law.temperature), ("top_k", w.top_k), ("top_p", w.top_p), ("min_p", w.min_p))
 
 
 def measure_acceptance(
@@ -454,12 +447,8 @@ def measure_acceptance(
     *,
     max_rank: int,
     scheme: str,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    draft_temperature: float | None = None,
-    draft_top_k: int | None = None,
-    draft_top_p: float | None = None,
+    sampling: Sampling | None = None,
+    draft_sampling: Sampling | None = None,
     key=None,
     num_draws: int = 16,
     batch_size: int = 8,
@@ -468,17 +457,17 @@ def measure_acceptance(
 
     Both models run :func:`jaxspec.nn.model.forward_logits` over ``tokens`` (teacher forcing);
     the law after every position of every window is one sample row: ``p`` = target warped
-    by (temperature, top_k, top_p), ``q`` = draft warped by the draft settings, and
+    by ``sampling``, ``q`` = draft warped by ``draft_sampling``, and
     :func:`positional_acceptance` semantics apply to the B * T rows.
 
     Args:
       target, draft: :class:`~jaxspec.nn.model.Transformer` with the same vocabulary.
       tokens: int[B, T] held-out windows.
       max_rank, scheme, key, num_draws: as :func:`positional_acceptance`.
-      temperature, top_k, top_p: the target law.
-      draft_temperature, draft_top_k, draft_top_p: the draft's proposal law; ``None``
-        follows :func:`jaxspec.generate`: the target's values for ``iid`` /
-        ``without_replacement``, temperature 1 without top-k/top-p for ``deterministic``.
+      sampling: the target law, a :class:`jaxspec.Sampling` (``None``: ``Sampling()``).
+      draft_sampling: the draft's proposal law; ``None`` follows :func:`jaxspec.generate`:
+        the target's law for ``iid`` / ``without_replacement``, ``Sampling()`` for
+        ``deterministic`` (:func:`jaxspec.core.settings.draft_law`).
       batch_size: windows per jitted call (the last batch is padded to this size).
 
     Returns:
@@ -512,13 +501,9 @@ def measure_acceptance(
     max_rank = _check_scheme_rank(scheme, max_rank, v)
     num_draws, key = check_draws(scheme, key, num_draws)
     batch_size = _check_positive_int("batch_size", batch_size)
-    target_warp = _warp_key(temperature, top_k, top_p)
-    draft_warp = _warp_key(
-        *sampling.draft_warp_args(
-            scheme, temperature, top_k, top_p, draft_temperature, draft_top_k, draft_top_p
-        ),
-        prefix="draft_",
-    )
+    law = check_sampling("sampling", sampling, Sampling())
+    target_warp = _warp_key(law)
+    draft_warp = _warp_key(draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling)))
     tok = tok.astype(np.int32)
     b, t = tok.shape
     bs = min(batch_size, b)

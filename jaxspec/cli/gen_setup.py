@@ -1,0 +1,200 @@
+"""What ``jaxspec generate`` checks and loads before it decodes: the drafter its
+``--draft`` names, the prompt's ids, the room the context leaves, the tokenizers, and
+``--tree auto``'s measurement."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+from jaxspec.cli.common import CLIError
+
+__all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "auto_budgets", "prompt_ids", "lookup_draft", "draft_name",
+           "check_room", "check_same_tokenizer", "auto_tree_for"]
+
+DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
+
+
+def auto_budgets(s: str | None) -> tuple[int, ...] | None:
+    """``--auto-budgets`` "4,8,16" -> (4, 8, 16); None stays None (the default list)."""
+    if s is None:
+        return None
+    try:
+        vals = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or min(vals) < 1:
+        raise CLIError(f"--auto-budgets = {s!r}: expected comma-separated node counts >= 1, e.g. 4,8,16")
+    return vals
+
+
+def prompt_ids(args, tok) -> tuple[list[int], str]:
+    """The prompt's token ids and the text they encode: ``--prompt`` as raw text, or
+    ``--chat``'s message rendered by the tokenizer's chat template with the assistant's turn
+    opened (the template's own special tokens, BOS included, as the model was trained)."""
+    if args.prompt is not None:
+        ids = tok.encode(args.prompt)
+        if not ids:
+            raise CLIError("--prompt: expected a non-empty prompt")
+        return ids, args.prompt
+    if not args.chat.strip():
+        raise CLIError("--chat: expected a non-empty message")
+    if getattr(tok, "chat_template", None) is None:
+        raise CLIError(f"--chat: the target {args.target} has no chat template (its tokenizer carries none); "
+                       "pass the raw text with --prompt")
+    messages = [{"role": "user", "content": args.chat}]
+    try:
+        return tok.encode_chat(messages), tok.apply_chat_template(messages, add_generation_prompt=True)
+    except ValueError as e:
+        raise CLIError(f"--chat: {e}") from None
+
+
+def lookup_draft(args):
+    """The drafter without a model of its own: :class:`~jaxspec.NgramDraft` for ``--draft
+    ngram[:...]``, :class:`~jaxspec.LayerSkipDraft` for ``--draft layers:K`` (None for a
+    model, or with ``--baseline``); a malformed spec is a :class:`CLIError` naming the flag."""
+    if args.baseline or args.draft is None:
+        return None
+    spec = args.draft.strip().lower()
+    if pathlib.Path(args.draft).exists() or not (spec.startswith("ngram") or spec.partition(":")[0] == "layers"):
+        return None  # a model: a folder (even one called ngram), a name or a file
+    from jaxspec.decode.layer_skip import LayerSkipDraft
+    from jaxspec.decode.ngram import NgramDraft
+
+    try:
+        return (NgramDraft if spec.startswith("ngram") else LayerSkipDraft).parse(args.draft)
+    except ValueError as e:
+        raise CLIError(f"--draft: {e}") from None
+
+
+def draft_name(args) -> str:
+    """``--draft``, or, without one, the embedded draft for the embedded target (the
+    default ``--target``); another ``--target`` without ``--draft`` is a :class:`CLIError`
+    (the embedded draft drafts for no other model) asking for ``--draft`` or ``--baseline``."""
+    if args.draft is not None:
+        return args.draft
+    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.nn.gguf import is_gguf_source
+
+    if not is_gguf_source(args.target) and (
+            resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve()):
+        return DEFAULT_DRAFT
+    raise CLIError(
+        f"--target {args.target}: expected a --draft for it (a draft model sharing its tokenizer, or "
+        f"'ngram' for prompt lookup, which needs no model), or --baseline for target-only sampling; "
+        f"{DEFAULT_DRAFT} drafts only for {DEFAULT_TARGET}"
+    )
+
+
+def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
+    """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
+    context of the target (and of the draft): the KV cache holds the prompt, the new
+    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.decode.generate.build_config`).
+    ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
+    limits = {"target": target.config.max_position_embeddings}
+    if draft is not None and hasattr(draft, "config"):  # not an n-gram draft: a model with a context
+        limits["draft"] = draft.config.max_position_embeddings
+    ctx = min(limits.values())
+    whose = " and the ".join(f"{name}'s" for name, n in limits.items() if n == ctx)
+    context = f"the {whose} context of {ctx} tokens (max_position_embeddings)"
+    if draft is None:  # --baseline: prompt + new tokens
+        reserve, tree_words = 0, ""
+    elif auto:  # the smallest candidate tree
+        from jaxspec.tuning.autotree import DEFAULT_BUDGETS
+
+        smallest = min(args.auto_budgets or DEFAULT_BUDGETS)
+        reserve, tree_words = smallest + 1, f"the smallest --tree auto candidate ({smallest} nodes + 1)"
+    else:
+        slots = tree.cache_slots
+        reserve, tree_words = slots + 1, f"--tree {args.tree} ({slots} slots + 1)"
+        if ctx - reserve < 2:  # not even a 1-token prompt and one new token fit
+            raise CLIError(
+                f"--tree {args.tree}: {slots} tree slots + 1; expected at most {ctx - 3} slots, so that the "
+                f"tree, a 1-token prompt and one new token fit {context}"
+            )
+    room = ctx - prompt_len - reserve  # the most new tokens that fit
+    if room < 1:
+        parts = "the prompt, at least one new token and " + tree_words if tree_words else \
+            "the prompt and at least one new token"
+        raise CLIError(
+            f"--prompt: {prompt_len} tokens; expected at most {prompt_len + room - 1} tokens, so that "
+            f"{parts} fit {context}"
+        )
+    if not auto and args.max_new_tokens > room:
+        parts = f", this {prompt_len}-token prompt and {tree_words}" if tree_words else \
+            f" and this {prompt_len}-token prompt"
+        raise CLIError(
+            f"--max-new-tokens = {args.max_new_tokens}: expected <= {room}, so that the new tokens{parts} "
+            f"fit {context}"
+        )
+
+
+def check_same_tokenizer(tok, dtok, args) -> None:
+    """Refuse a draft whose tokenizer differs from the target's (ids would mean other text)."""
+    from jaxspec.nn.tokenizer import ByteTokenizer
+
+    def what(t):
+        return "the byte-level tokenizer (no tokenizer.json)" if isinstance(t, ByteTokenizer) else t.source
+
+    if isinstance(tok, ByteTokenizer) and isinstance(dtok, ByteTokenizer):
+        return
+    same = (
+        type(tok) is type(dtok)
+        and tok.vocab_size == dtok.vocab_size
+        and tok.vocab() == dtok.vocab()
+    )
+    if not same:
+        raise CLIError(
+            f"--draft {args.draft}: its vocabulary differs from the target's ({what(dtok)}, "
+            f"{dtok.vocab_size} tokens vs {what(tok)}, {tok.vocab_size} tokens); speculative decoding "
+            "needs a draft and a target that share one tokenizer"
+        )
+
+
+def auto_tree_for(args, target, draft, tok, prompt_len: int, sampling):
+    """Run (or read from the cache) :func:`jaxspec.tuning.autotree.auto_tree`; report to stderr."""
+    import jax
+
+    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.tuning.autotree import DEFAULT_BUDGETS, auto_tree
+
+    ctx = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    asked = args.auto_budgets or DEFAULT_BUDGETS
+    room = ctx - prompt_len - args.max_new_tokens - 1  # generate's cache: prompt + new + N + 1
+    budgets = tuple(sorted({n for n in asked if n <= room}))
+    if not budgets:
+        most = ctx - prompt_len - 1 - min(asked)  # the most new tokens with the smallest budget
+        raise CLIError(
+            f"--tree auto: no budget in {list(asked)} fits the context of {ctx} tokens with a "
+            f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes); "
+            f"expected --max-new-tokens <= {most} for the smallest budget, {min(asked)}"
+        )
+    held_out = None
+    if not isinstance(tok, ByteTokenizer):  # held-out text in the model's own tokens
+        from jaxspec.training.corpus import load_corpus
+
+        val = load_corpus().val
+        text = bytes(val[val < 256].astype("uint8")[:400_000]).decode("utf-8", errors="replace")
+        held_out = tok.encode(text)
+    res = auto_tree(
+        target, draft, scheme=args.scheme, rule=args.rule,  # the rule generate will use
+        sampling=sampling, budgets=budgets, max_depth=args.auto_max_depth,
+        key=jax.random.key(0),  # the tuning draws, independent of --seed: one cache entry
+        held_out_tokens=held_out, retune=args.retune, progress=True,
+    )
+    if res.from_cache:
+        how = f"cached in {res.cache_path}"
+    else:
+        how = "measured, not cached" if res.cache_path is None else f"measured, saved to {res.cache_path}"
+    print(
+        f"-- auto tree ({how}):\n{res.table()}\n-- picked {res.budget} nodes, depth {res.depth}: "
+        f"parents:{','.join(map(str, res.parents))}; predicted tau {res.predicted_tau:.2f}, "
+        f"predicted speedup {res.predicted_speedup:.2f}x over target-only",
+        file=sys.stderr,
+    )
+    if res.predicted_speedup < 1.0:
+        print("-- note: no candidate is predicted to beat target-only decoding on this device; "
+              "measuring the pick anyway", file=sys.stderr)
+    return res
+
+
