@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import jax
@@ -356,33 +357,72 @@ def test_rope_parameters_dict():
 
 
 def test_mistral_sliding_window(tmp_path):
+    """Mistral v0.1's window is implemented: it loads at any context, the window on every layer;
+    within the window it is the full-attention model, beyond it differs."""
     model = init_model(_config(max_position_embeddings=64), jax.random.key(0))
     save_model(model, tmp_path, extra_config={"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                                              "sliding_window": 16})
-    with pytest.raises(ValueError, match=r"sliding attention window of 16 tokens.*max_context <= 16") as e:
-        load_model(tmp_path)
-    assert "config.json" in str(e.value)
-    with pytest.raises(ValueError, match="max_context = 32"):
-        load_model(tmp_path, max_context=32)
-    loaded = load_model(tmp_path, max_context=16)  # exact: sequences never exceed the window
-    assert loaded.config.max_position_embeddings == 16
-    np.testing.assert_array_equal(forward_logits(loaded, _tokens()), forward_logits(model, _tokens()))
-    # no window (Mistral v0.2+) or one covering the context: full attention, loads as is
-    for window in (None, 64):
-        cfg = json.loads((tmp_path / "config.json").read_text())
-        cfg["sliding_window"] = window
-        (tmp_path / "config.json").write_text(json.dumps(cfg))
-        assert load_model(tmp_path).config.max_position_embeddings == 64
+                                              "sliding_window": 4})
+    loaded = load_model(tmp_path)
+    assert loaded.config.max_position_embeddings == 64
+    assert [loaded.config.layer_window(i) for i in range(2)] == [4, 4]
+    short, long = _tokens()[:, :4], _tokens()  # 4 and 9 tokens
+    np.testing.assert_array_equal(forward_logits(loaded, short), forward_logits(model, short))
+    assert not np.allclose(forward_logits(loaded, long)[:, 4:], forward_logits(model, long)[:, 4:])
+    assert load_model(tmp_path, max_context=16).config.max_position_embeddings == 16
+    # no window (Mistral v0.2+): full attention
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["sliding_window"] = None
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_model(tmp_path).config.sliding_window is None
 
 
-def test_qwen2_sliding_window_refused():
-    cfg = _hf_cfg("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=4, max_position_embeddings=64)
-    with pytest.raises(ValueError, match="Qwen2ForCausalLM uses a sliding attention window of 4"):
-        config_from_hf(cfg)
+def test_qwen2_sliding_window_layers():
+    """Qwen2: a window only with use_sliding_window, on the layers at or above max_window_layers."""
+    cfg = _hf_cfg("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=4, max_position_embeddings=64,
+                  max_window_layers=1)
+    got = config_from_hf(cfg)
+    assert [got.layer_window(i) for i in range(2)] == [None, 4]
     cfg["use_sliding_window"] = False
-    assert config_from_hf(cfg).max_position_embeddings == 64
+    assert config_from_hf(cfg).sliding_window is None
     with pytest.raises(ValueError, match="max_context"):
         config_from_hf(cfg, max_context=0)
+
+
+def test_family_refusals():
+    """What no family field expresses is refused by name."""
+    cases = [
+        (_hf_cfg("LlamaForCausalLM", rope_scaling={"rope_type": "longrope", "factor": 2.0}), "'longrope' is not supported"),
+        (_hf_cfg("Phi3ForCausalLM", rope_scaling={"type": "su", "short_factor": [1.0], "long_factor": [1.0]}),
+         "'su'.*LongRoPE"),
+        (_hf_cfg("Phi3ForCausalLM", partial_rotary_factor=0.5), "partial_rotary_factor"),
+        (_hf_cfg("LlamaForCausalLM", hidden_act="gelu"), "hidden_act = 'gelu'"),
+        (_hf_cfg("Gemma3ForCausalLM", hidden_act="gelu_pytorch_tanh", use_bidirectional_attention=True),
+         "use_bidirectional_attention"),
+        (_hf_cfg("Gemma3ForConditionalGeneration"), "Gemma3ForConditionalGeneration.* is not supported"),
+    ]
+    for cfg, match in cases:
+        with pytest.raises(ValueError, match=match):
+            config_from_hf(cfg)
+
+
+def test_config_round_trip_and_old_configs():
+    """Family fields round-trip through to_dict / from_dict; a dict saved before they existed
+    loads with Llama's defaults; config_to_hf refuses what a Llama cannot express."""
+    cfg = _config(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                  sliding_window=8, layer_types=["sliding_attention", "full_attention"], qk_norm=True,
+                  hidden_act="gelu_pytorch_tanh", rms_norm_unit_offset=True, sandwich_norm=True,
+                  scale_embeddings=True, query_pre_attn_scalar=12, attn_logit_softcapping=5.0,
+                  final_logit_softcapping=8.0, rope_local_base_freq=100.0)
+    assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    old = {k: v for k, v in _config().to_dict().items() if k in ("vocab_size", "hidden_size", "intermediate_size",
+                                                                 "num_hidden_layers", "num_attention_heads")}
+    assert ModelConfig.from_dict(old) == ModelConfig(**old)
+    with pytest.raises(ValueError, match="sliding_window = 8: a LlamaForCausalLM has sliding_window = None"):
+        config_to_hf(dataclasses.replace(_config(), sliding_window=8))
+    with pytest.raises(ValueError, match="ModelConfig.layer_types\\[0\\] = 'local'"):
+        _config(sliding_window=4, layer_types=["local", "full_attention"])
+    with pytest.raises(ValueError, match="ModelConfig.hidden_act = 'relu'"):
+        _config(hidden_act="relu")
 
 
 def _write_tokenizer(folder, words):

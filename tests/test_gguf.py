@@ -165,7 +165,7 @@ def test_refuses_unsupported_architecture(tmp_path):
     path = tmp_path / "f.gguf"
     write_gguf(path, _hf_tensors(cfg), config_to_hf(cfg), arch="falcon")
     msg = _raises("general.architecture = 'falcon' is not supported", load_model, path)
-    assert str(path) in msg and "['llama', 'qwen2']" in msg
+    assert str(path) in msg and "['gemma2', 'gemma3', 'llama', 'qwen2', 'qwen3']" in msg
 
 
 def test_refuses_tensor_type_gguf_cannot_dequantize(tmp_path):
@@ -194,8 +194,9 @@ def test_refuses_unexpected_and_non_finite_tensors(tmp_path):
     cfg = ModelConfig(**SMALL)
     tensors = _hf_tensors(cfg)
     F32 = gguf.GGMLQuantizationType.F32
-    write_gguf(tmp_path / "rope.gguf", tensors, config_to_hf(cfg), raw={"rope_freqs.weight": (np.ones(8, np.float32), F32)})
-    _raises("tensor 'rope_freqs.weight' .* not supported", load_gguf, tmp_path / "rope.gguf")
+    write_gguf(tmp_path / "rope.gguf", tensors, config_to_hf(cfg), raw={"rope_freqs.weight": (np.ones(4, np.float32), F32)})
+    _raises("tensor 'rope_freqs.weight' of type F32 and 4 values; expected F32 with head_dim / 2 = 8",
+            load_gguf, tmp_path / "rope.gguf")
     write_gguf(tmp_path / "extra.gguf", tensors, config_to_hf(cfg),
                raw={"blk.0.attn_q.bias": (np.zeros(64, np.float32), F32)})
     _raises("unexpected tensor 'blk.0.attn_q.bias' .*attention_bias = False", load_gguf, tmp_path / "extra.gguf")
@@ -205,16 +206,19 @@ def test_refuses_unexpected_and_non_finite_tensors(tmp_path):
     _raises("tensor 'output_norm.weight' has 1 non-finite value", load_gguf, tmp_path / "nan.gguf")
 
 
-def test_refuses_rope_scaling_and_short_window(tmp_path):
+def test_rope_scaling_and_window_metadata(tmp_path):
+    """Linear rope scaling and a sliding window load; other scaling types are refused by name."""
     cfg = ModelConfig(**SMALL, attention_bias=True)
     tensors = _hf_tensors(cfg)
     write_gguf(tmp_path / "yarn.gguf", tensors, config_to_hf(cfg), metadata={"llama.rope.scaling.type": "yarn"})
     _raises("llama.rope.scaling.type = 'yarn' is not supported", gguf_config, tmp_path / "yarn.gguf")
+    write_gguf(tmp_path / "lin.gguf", tensors, config_to_hf(cfg),
+               metadata={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+    assert gguf_config(tmp_path / "lin.gguf").rope_scaling.to_hf() == {"rope_type": "linear", "factor": 4.0}
     write_gguf(tmp_path / "swa.gguf", tensors, config_to_hf(cfg), arch="qwen2",
                metadata={"qwen2.attention.sliding_window": 64})
-    msg = _raises("sliding attention window of 64 tokens", load_model, tmp_path / "swa.gguf")
-    assert "max_context <= 64" in msg
-    assert load_model(tmp_path / "swa.gguf", max_context=64).config.max_position_embeddings == 64
+    got = load_model(tmp_path / "swa.gguf", max_context=64).config
+    assert got.max_position_embeddings == 64 and got.layer_window(0) == 64
 
 
 def test_refuses_non_gguf_paths(tmp_path):

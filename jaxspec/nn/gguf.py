@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer
+from jaxspec.nn.rope import RopeScaling
 from jaxspec.nn.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
@@ -68,6 +69,10 @@ _MODULES = {
     "gate_proj": "ffn_gate",
     "up_proj": "ffn_up",
     "down_proj": "ffn_down",
+    "q_norm": "attn_q_norm",
+    "k_norm": "attn_k_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
 }
 
 
@@ -127,51 +132,45 @@ def _require(meta: Mapping[str, Any], key: str) -> Any:
     return meta[key]
 
 
-def _check_rope(arch: str, meta: Mapping[str, Any], head_dim: int) -> None:
-    """Refuse rotary variants jaxspec does not implement: scaling (linear, yarn, ...) and
-    rotation of part of each head."""
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    if kind not in (None, "none"):
-        raise ValueError(
-            f"{arch}.rope.scaling.type = {kind!r} is not supported; expected 'none' (plain rotary embeddings)"
-        )
-    factor = meta.get(f"{arch}.rope.scale_linear")
-    if factor not in (None, 1.0):
-        raise ValueError(f"{arch}.rope.scale_linear = {factor!r} is not supported; expected 1.0 (no rope scaling)")
+def _rope(arch: str, meta: Mapping[str, Any], head_dim: int, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling``: llama.cpp's linear scaling (``rope.scaling.type`` or
+    the older ``rope.scale_linear``), or the per-frequency divisors of a ``rope_freqs.weight``
+    tensor (what its converter writes for Llama 3.1's scaling). Other scaling types and rotation
+    of part of each head are refused by name."""
     dims = meta.get(f"{arch}.rope.dimension_count")
     if dims is not None and dims != head_dim:
         raise ValueError(
             f"{arch}.rope.dimension_count = {dims!r}: rotary embeddings over part of a head are not "
             f"supported; expected the head dimension {head_dim}"
         )
-
-
-def _check_window(arch: str, meta: Mapping[str, Any], max_context: int | None) -> None:
-    """Refuse a sliding attention window shorter than the context (as ``load_model`` does for
-    HF folders): jaxspec attends over the full context."""
-    window = meta.get(f"{arch}.attention.sliding_window")
-    if window is None:
-        return
-    ctx = max_context if max_context is not None else _require(meta, f"{arch}.context_length")
-    if window < ctx:
-        hint = (f"pass max_context <= {window} to use it with at most {window} tokens" if max_context is None
-                else f"max_context = {max_context} exceeds it; use max_context <= {window}")
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if kind not in (None, "none", "linear"):
         raise ValueError(
-            f"{arch} uses a sliding attention window of {window} tokens ({arch}.attention.sliding_window), "
-            f"shorter than the context of {ctx} tokens; jaxspec implements full attention only, which "
-            f"differs from the model beyond {window} tokens: {hint}"
+            f"{arch}.rope.scaling.type = {kind!r} is not supported; expected 'none' or 'linear'"
         )
+    scaling = None
+    if (kind == "linear" or kind is None) and factor not in (None, 1.0):
+        scaling = RopeScaling(rope_type="linear", factor=factor)
+    if "rope_freqs.weight" in tensors:
+        if scaling is not None:
+            raise ValueError(f"{arch}: both linear rope scaling and a rope_freqs.weight tensor; expected one")
+        t = tensors["rope_freqs.weight"]
+        if t.tensor_type.name != "F32" or t.data.size != head_dim // 2:
+            raise ValueError(f"tensor 'rope_freqs.weight' of type {t.tensor_type.name} and {t.data.size} values; "
+                             f"expected F32 with head_dim / 2 = {head_dim // 2} values")
+        scaling = RopeScaling(rope_type="freq_factors", factors=tuple(np.asarray(t.data, np.float32).tolist()))
+    return {"rope_theta": meta.get(f"{arch}.rope.freq_base", 10000.0), "rope_scaling": scaling}
 
 
-def _llama_kwargs(meta: Mapping[str, Any], max_context: int | None = None, arch: str = "llama") -> dict[str, Any]:
+def _llama_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any], arch: str = "llama") -> dict[str, Any]:
     heads = _require(meta, f"{arch}.attention.head_count")
     hidden = _require(meta, f"{arch}.embedding_length")
     head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads if heads else None)
     value_dim = meta.get(f"{arch}.attention.value_length", head_dim)
     if value_dim != head_dim:
         raise ValueError(f"{arch}.attention.value_length = {value_dim!r}: expected the key length {head_dim}")
-    _check_rope(arch, meta, head_dim)
-    _check_window(arch, meta, max_context)
+    window = meta.get(f"{arch}.attention.sliding_window")
     return dict(
         hidden_size=hidden,
         intermediate_size=_require(meta, f"{arch}.feed_forward_length"),
@@ -179,24 +178,72 @@ def _llama_kwargs(meta: Mapping[str, Any], max_context: int | None = None, arch:
         num_attention_heads=heads,
         num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
         head_dim=head_dim,
-        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        **_rope(arch, meta, head_dim, tensors),
         rms_norm_eps=_require(meta, f"{arch}.attention.layer_norm_rms_epsilon"),
         max_position_embeddings=_require(meta, f"{arch}.context_length"),
         attention_bias=False,
+        sliding_window=window,  # on every layer (Mistral v0.1 converted as llama)
     )
 
 
-def _qwen2_kwargs(meta: Mapping[str, Any], max_context: int | None = None) -> dict[str, Any]:
-    return {**_llama_kwargs(meta, max_context, arch="qwen2"), "attention_bias": True}
+def _qwen2_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_llama_kwargs(meta, tensors, arch="qwen2"), "attention_bias": True}
 
 
-#: ``general.architecture`` -> function(metadata dict, max_context) -> ModelConfig keyword
-#: arguments (the sizes, rope, norm and bias fields; vocabulary, tying and end-of-text ids are
-#: read by :func:`gguf_config` for every family). Raises ValueError for what jaxspec cannot
-#: run exactly.
+def _qwen3_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_llama_kwargs(meta, tensors, arch="qwen3"), "qk_norm": True}
+
+
+def _swa_layers(arch: str, meta: Mapping[str, Any], n: int, pattern: int) -> list[str]:
+    """Which layers slide: ``{arch}.attention.sliding_window_pattern`` (a period, or one bool per
+    layer), else llama.cpp's built-in period for the family (every ``pattern``-th layer global)."""
+    p = meta.get(f"{arch}.attention.sliding_window_pattern", pattern)
+    if isinstance(p, (list, tuple)):
+        if len(p) != n:
+            raise ValueError(f"{arch}.attention.sliding_window_pattern has {len(p)} entries; expected {n}")
+        return ["sliding_attention" if x else "full_attention" for x in p]
+    return ["sliding_attention" if i % p < p - 1 else "full_attention" for i in range(n)]
+
+
+def _gemma_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any], arch: str, pattern: int,
+                  big_layers: int) -> dict[str, Any]:
+    """Gemma 2 / 3. llama.cpp's converter stores the norms' ``1 + w`` (so they scale by the
+    stored weight) and no query scale: llama.cpp uses ``head_dim``, and ``hidden / heads`` for
+    the 27B models (``big_layers`` blocks), which is their ``query_pre_attn_scalar``."""
+    out = _llama_kwargs(meta, tensors, arch=arch)
+    n = out["num_hidden_layers"]
+    big = n == big_layers
+    out.update(
+        hidden_act="gelu_pytorch_tanh", sandwich_norm=True, scale_embeddings=True,
+        query_pre_attn_scalar=out["hidden_size"] / out["num_attention_heads"] if big else out["head_dim"],
+        attn_logit_softcapping=meta.get(f"{arch}.attn_logit_softcapping"),
+        final_logit_softcapping=meta.get(f"{arch}.final_logit_softcapping"),
+    )
+    if out["sliding_window"] is not None:
+        out["layer_types"] = _swa_layers(arch, meta, n, pattern)
+    return out
+
+
+def _gemma2_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return _gemma_kwargs(meta, tensors, "gemma2", pattern=2, big_layers=46)
+
+
+def _gemma3_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    out = _gemma_kwargs(meta, tensors, "gemma3", pattern=6, big_layers=62)
+    # sliding layers: plain rope with their own base (llama.cpp: 10000 unless the file says)
+    return {**out, "qk_norm": True, "rope_local_base_freq": meta.get("gemma3.rope.freq_base_swa", 10000.0)}
+
+
+#: ``general.architecture`` -> function(metadata dict, tensors by name) -> ModelConfig keyword
+#: arguments (the sizes, rope, norm, window and bias fields; vocabulary, tying and end-of-text
+#: ids are read by :func:`gguf_config` for every family). Raises ValueError for what jaxspec
+#: cannot run exactly.
 GGUF_ARCHITECTURES: dict[str, Callable[..., dict[str, Any]]] = {
     "llama": _llama_kwargs,
     "qwen2": _qwen2_kwargs,
+    "qwen3": _qwen3_kwargs,
+    "gemma2": _gemma2_kwargs,
+    "gemma3": _gemma3_kwargs,
 }
 
 #: the families whose Q/K rows llama.cpp's converter permutes (``LlamaModel.permute``)
@@ -247,7 +294,7 @@ def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
         )
     tensors = {t.name: t for t in reader.tensors}
     try:
-        kwargs = GGUF_ARCHITECTURES[arch](meta, max_context)
+        kwargs = GGUF_ARCHITECTURES[arch](meta, tensors)
         vocab = meta.get(f"{arch}.vocab_size")
         if vocab is None and "tokenizer.ggml.tokens" in reader.fields:
             vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -282,17 +329,26 @@ def undo_llama_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _gguf_name(path: tuple) -> tuple[str, bool]:
-    """nnx state path -> (GGUF tensor name, whether jaxspec's array is the transpose)."""
-    *mods, leaf = (str(p) for p in path)
-    if mods == ["embed_tokens"]:
-        return "token_embd.weight", False
-    if mods == ["norm"]:
-        return "output_norm.weight", False
-    if mods == ["lm_head"]:
-        return "output.weight", True
-    _, i, *rest = mods  # ["layers", i, "self_attn", "q_proj"] or ["layers", i, "input_layernorm"]
-    return f"blk.{i}.{_MODULES[rest[-1]]}.{'bias' if leaf == 'bias' else 'weight'}", leaf == "kernel"
+def _gguf_namer(config: ModelConfig):
+    """nnx state path -> (GGUF tensor name, whether jaxspec's array is the transpose), for
+    ``config`` (with sandwich norms ``post_attention_layernorm`` is llama.cpp's
+    ``post_attention_norm`` and ``pre_feedforward_layernorm`` its ``ffn_norm``)."""
+    modules = dict(_MODULES)
+    if config.sandwich_norm:
+        modules["post_attention_layernorm"] = "post_attention_norm"
+
+    def name_of(path: tuple) -> tuple[str, bool]:
+        *mods, leaf = (str(p) for p in path)
+        if mods == ["embed_tokens"]:
+            return "token_embd.weight", False
+        if mods == ["norm"]:
+            return "output_norm.weight", False
+        if mods == ["lm_head"]:
+            return "output.weight", True
+        _, i, *rest = mods  # ["layers", i, "self_attn", "q_proj"] or ["layers", i, "input_layernorm"]
+        return f"blk.{i}.{modules[rest[-1]]}.{'bias' if leaf == 'bias' else 'weight'}", leaf == "kernel"
+
+    return name_of
 
 
 def load_gguf(path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None) -> Transformer:
@@ -313,14 +369,10 @@ def load_gguf(path: str | os.PathLike, *, dtype: str | None = None, max_context:
     arch = reader.fields["general.architecture"].contents()
     tensors = {t.name: t for t in reader.tensors}
 
-    graphdef, state, expected = expected_tensors(config, _gguf_name)  # GGUF name -> TensorSlot ([out, in] shape)
+    graphdef, state, expected = expected_tensors(config, _gguf_namer(config))  # GGUF name -> TensorSlot
     check_tensor_names(f"{fn}: {file}", expected, tensors)
-    if "rope_freqs.weight" in tensors:
-        raise ValueError(
-            f"{fn}: {file}: tensor 'rope_freqs.weight' (per-dimension rotary frequency factors, e.g. "
-            "Llama 3.1's rope scaling) is not supported; jaxspec implements plain rotary embeddings"
-        )
-    unexpected = [n for n in tensors if n not in expected]
+    # rope_freqs.weight is read into config.rope_scaling (freq_factors) by _config
+    unexpected = [n for n in tensors if n not in expected and n != "rope_freqs.weight"]
     if unexpected:
         raise ValueError(
             f"{fn}: {file}: unexpected tensor {unexpected[0]!r} for the configuration in its metadata "
