@@ -2,9 +2,12 @@
 
 Written independently of :mod:`jaxspec.nn.gguf` (it never imports it): from an HF-layout
 checkpoint (HF tensor names, ``[out, in]`` float32 arrays, an HF config dict) to a GGUF file of
-architecture ``llama`` or ``qwen2`` with llama.cpp's metadata keys, its tensor names, its Q/K
-row permutation for ``llama`` (``LlamaModel.permute``), 1-D tensors (norms, biases) kept F32,
-and every 2-D tensor stored as ``qtype``::
+architecture ``llama``, ``qwen2``, ``qwen3``, ``gemma2`` or ``gemma3`` with llama.cpp's metadata
+keys, its tensor names, its Q/K row permutation for ``llama`` (``LlamaModel.permute``), 1-D
+tensors (norms, biases) kept F32, and every 2-D tensor stored as ``qtype``. As the converter
+does, a Llama 3.1 rope becomes a ``rope_freqs.weight`` tensor of per-frequency divisors, Gemma's
+norm weights are stored plus one (its ``(1 + w)``), Gemma's softcaps and windows and Gemma 3's
+linear rope scaling become metadata, and Gemma's tied output is not written::
 
     held = write_gguf(tmp_path / "m.gguf", tensors, config, arch="llama", qtype="Q4_0")
     # held: the HF-layout tensors the file holds (dequantized, HF row order); a folder with
@@ -38,18 +41,56 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
+_GEMMA = ("gemma2", "gemma3")
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1") + K_QUANTS
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     _, _, i, rest = hf_name.split(".", 3)  # model.layers.{i}.<rest>
+    if arch in _GEMMA and rest == "post_attention_layernorm.weight":  # Gemma: the attention output's norm
+        return f"blk.{i}.post_attention_norm.weight"
     return f"blk.{i}.{_LAYER_NAMES[rest]}"
+
+
+def _rope(config: Mapping) -> tuple[float, dict | None]:
+    """(theta, scaling dict) of the global layers, from ``rope_theta`` / ``rope_scaling`` or
+    transformers 5's ``rope_parameters`` (flat, or per layer type as Gemma 3 has it)."""
+    rp = config.get("rope_parameters")
+    if isinstance(rp, Mapping) and "full_attention" in rp:
+        rp = rp["full_attention"]
+    if isinstance(rp, Mapping):
+        kind = rp.get("rope_type", "default")
+        return rp.get("rope_theta", 10000.0), None if kind == "default" else dict(rp)
+    return config.get("rope_theta", 10000.0), config.get("rope_scaling")
+
+
+def llama3_rope_factors(theta: float, head_dim: int, s: Mapping) -> np.ndarray:
+    """The converter's ``rope_freqs.weight`` for a Llama 3.1 rope: per frequency, the divisor
+    that turns the plain frequency into the scaled one."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
 
 
 def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -113,7 +154,26 @@ def write_gguf(
     w.add_feed_forward_length(config["intermediate_size"])
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(config["rope_theta"])
+    theta, scaling = _rope(config)
+    head_dim = config.get("head_dim") or config["hidden_size"] // n_head
+    if arch != "gemma2":  # the Gemma 2 converter writes no base (llama.cpp's default: 10000)
+        w.add_rope_freq_base(theta)
+    tensors = dict(tensors)
+    if scaling is not None and scaling.get("rope_type") == "llama3":
+        tensors["rope_freqs.weight"] = llama3_rope_factors(theta, head_dim, scaling)
+    elif scaling is not None and scaling.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling["factor"])
+    elif scaling is not None:
+        raise ValueError(f"write_gguf: rope scaling {scaling!r} is not written by this test writer")
+    if arch in _GEMMA:
+        if config.get("attn_logit_softcapping") is not None:
+            w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        if config.get("final_logit_softcapping") is not None:
+            w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        if config.get("sliding_window") is not None:
+            w.add_sliding_window(config["sliding_window"])
+        tensors.pop("lm_head.weight", None)  # tied
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_file_type(int(qt))
     if config.get("head_dim") is not None:
@@ -138,8 +198,10 @@ def write_gguf(
     held = {}
     raw = dict(raw or {})
     for hf_name, arr in tensors.items():
-        name = gguf_name(hf_name)
+        name = "rope_freqs.weight" if hf_name == "rope_freqs.weight" else gguf_name(hf_name, arch)
         arr = np.asarray(arr, np.float32)
+        if arch in _GEMMA and hf_name.endswith("norm.weight"):
+            arr = arr + np.float32(1.0)  # the converter's norm shift
         heads = n_head if ".attn_q." in name else n_kv if ".attn_k." in name else None
         if arch == "llama" and heads is not None:
             arr = llama_permute(arr, heads)
@@ -158,7 +220,10 @@ def write_gguf(
         else:
             w.add_tensor(name, data)
         stored = np.asarray(stored, np.float32).reshape(arr.shape)
+        if arch in _GEMMA and hf_name.endswith("norm.weight"):
+            stored = stored - np.float32(1.0)
         held[hf_name] = _inverse_rows(stored, heads) if arch == "llama" and heads is not None else stored
+    held.pop("rope_freqs.weight", None)  # not an HF tensor
     for name, (data, t) in raw.items():
         w.add_tensor(name, data, raw_dtype=t)
     w.write_header_to_file()
