@@ -66,6 +66,18 @@ def _hf_greedy(model, ids, n: int) -> list[int]:
     return out[0, len(ids[0]):].tolist()
 
 
+def _greedy() -> dict:
+    """Greedy decoding's keyword: ``sampling=Sampling(temperature=0)`` where generate takes a
+    Sampling, ``temperature=0`` where it still takes the warp arguments."""
+    import inspect
+
+    if "sampling" in inspect.signature(generate).parameters:
+        from jaxspec.core.settings import Sampling
+
+        return {"sampling": Sampling(temperature=0)}
+    return {"temperature": 0}
+
+
 def _jax_tokens(result) -> list[int]:
     n = int(np.asarray(result.lengths)[0])
     return [int(t) for t in np.asarray(result.tokens)[0, :n]]
@@ -105,8 +117,8 @@ def test_logits_match_transformers(saved, kind):
 def test_greedy_generation_matches_transformers(saved, kind):
     model, folder = saved[kind]
     ref = _hf_greedy(model, PROMPT, 20)
-    ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, temperature=0,
-                                   stop_tokens=())  # as transformers with eos_token_id=None
+    ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, stop_tokens=(),
+                                   **_greedy())  # as transformers with eos_token_id=None
     assert _jax_tokens(ours) == ref
     assert len(ref) == 20
 
@@ -118,7 +130,7 @@ def test_speculative_greedy_matches_transformers(saved):
     ref = _hf_greedy(model, PROMPT, 20)
     target, draft = load_model(folder), load_model(saved["llama-tied"][1])
     out = generate(jax.random.key(0), target, draft, PROMPT, tree="branch:2,1", scheme="deterministic",
-                   max_new_tokens=20, temperature=0, stop_tokens=())
+                   max_new_tokens=20, stop_tokens=(), **_greedy())
     assert _jax_tokens(out)[:20] == ref
 
 
@@ -166,6 +178,6 @@ def test_cli_export_default_target(tmp_path, capsys):
     # and the greedy continuation is the same
     n = 12
     hf.generation_config.eos_token_id = None
-    ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, temperature=0,
-                                   stop_tokens=())
+    ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, stop_tokens=(),
+                                   **_greedy())
     assert _jax_tokens(ours) == _hf_greedy(hf, ids, n)

@@ -58,7 +58,7 @@ def check_load_args(fn: str, dtype, max_context) -> str:
 
 def cap_context(config: ModelConfig, max_context: int | None) -> ModelConfig:
     """``config`` with ``max_position_embeddings`` lowered to ``max_context`` when that is
-    smaller, so that generation refuses longer sequences (a sliding window's limit)."""
+    smaller, so that generation refuses longer sequences."""
     if max_context is not None and max_context < config.max_position_embeddings:
         return dataclasses.replace(config, max_position_embeddings=max_context)
     return config
