@@ -9,6 +9,7 @@ import pytest
 
 from jaxspec.nn.checkpoint import save_model
 from jaxspec.cli import main
+from jaxspec.core.settings import Sampling
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import init_model
 
@@ -26,8 +27,8 @@ def _run(capsys, *argv):
         (["--prompt", "x" * 400], "context"),
         (["--prompt", "x", "--tree", "branch:0,2"], "--tree"),
         (["--prompt", "x", "--tree", "weird"], "--tree"),
-        (["--prompt", "x", "--temperature", "-1"], "error: --temperature: expected a finite number >= 0"),
-        (["--prompt", "x", "--temperature", "nan"], "error: --temperature: expected a finite number >= 0"),
+        (["--prompt", "x", "--temperature", "-1"], "error: --temperature -1.0: expected a finite number >= 0"),
+        (["--prompt", "x", "--temperature", "nan"], "error: --temperature nan: expected a finite number >= 0"),
         (["--prompt", "x", "--top-p", "1.5"], "--top-p"),
         (["--prompt", "x", "--top-p", "0"], "--top-p"),
         (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
@@ -59,12 +60,12 @@ def _run(capsys, *argv):
         (["--prompt", "x", "--retune"], "--retune: applies only to --tree auto, got --tree chain:4"),
         (["--prompt", "x", "--auto-max-depth", "3"], "--auto-max-depth: applies only to --tree auto"),
         (["--prompt", "x", "--tree", "dynamic:depth=2,topk=2,nodes=4", "--scheme", "iid"],
-         "--scheme iid: a dynamic tree (--tree dynamic:depth=2,topk=2,nodes=4) ranks fixed candidates; "
-         "expected --scheme deterministic"),
+         "--scheme iid and --tree dynamic:depth=2,topk=2,nodes=4: a dynamic tree ranks fixed candidates; "
+         "expected scheme 'deterministic'"),
         (["--prompt", "x", "--draft", "foo"], "error: --draft: load_model: unknown model 'foo'"),
         (["--prompt", "x", "--target", "foo"], "error: --target: load_model: unknown model 'foo'"),
         (["--prompt", "x", "--draft", "./no/such/folder"], "error: --draft: load_model: model folder"),
-        (["--prompt", "x", "--top-p", "0"], "error: --top-p: expected a number in (0, 1], got 0.0"),
+        (["--prompt", "x", "--top-p", "0"], "error: --top-p 0.0: expected a number in (0, 1]"),
         # --compare runs target-only itself; it and --tree auto's check time warmed-up calls
         (["--prompt", "x", "--compare", "--baseline"],
          "error: --compare and --baseline: --compare runs target-only decoding beside speculative decoding; "
@@ -158,14 +159,15 @@ def test_room_errors_name_the_model_whose_context_is_short(capsys, tmp_path):
 
 def test_library_errors_use_flag_names(capsys, tmp_path):
     """A tree that fits the context but needs more distinct siblings than the vocabulary
-    has: the library's message, in flag words (--scheme NAME, --tree SPEC), before compiling."""
+    has: the settings table's refusal, each setting named by its flag and the value it was
+    given (--tree SPEC as typed, the scheme the draft chose), before compiling."""
     target, draft = _byte_model(tmp_path / "t", 512), _byte_model(tmp_path / "d", 512, seed=1)
     code, out, err = _run(capsys, "--prompt", "x", "--target", target, "--draft", draft, "--tree", "branch:265",
                           "--max-new-tokens", "2")
     assert code == 2, err
-    assert err == ("jaxspec generate: error: --tree branch:265: a node has 265 children, more than vocab_size = "
-                   "264 distinct tokens; --scheme without_replacement needs distinct siblings (use --scheme iid "
-                   "or a narrower tree)\n")
+    assert err == ("jaxspec generate: error: --tree branch:265 and --scheme without_replacement: a node has 265 "
+                   "children, more than the 264 distinct tokens of the vocabulary that scheme 'without_replacement' "
+                   "draws them from; expected scheme 'iid' or a narrower tree\n")
 
 
 def test_scheme_defaults_per_tree(capsys):
@@ -193,8 +195,8 @@ def test_auto_tree_keeps_the_measurement_when_the_cache_cannot_be_written(capsys
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
     target, draft = init_model(cfg, jax.random.key(0)), init_model(cfg, jax.random.key(1))
     stream = np.random.default_rng(0).integers(0, 64, size=4096).astype(np.int32)
-    res = auto_tree(target, draft, scheme="deterministic", temperature=1.0, budgets=(1, 3), max_depth=2,
-                    held_out_tokens=stream, num_windows=4, window_len=32, loops=2, repeats=1,
+    res = auto_tree(target, draft, scheme="deterministic", sampling=Sampling(temperature=1.0), budgets=(1, 3),
+                    max_depth=2, held_out_tokens=stream, num_windows=4, window_len=32, loops=2, repeats=1,
                     context_len=64, progress=False)
     assert res.budget in (1, 3) and len(res.rows) == 2 and res.parents[0] == -1
     assert not res.from_cache and res.cache_path is None
@@ -362,7 +364,7 @@ def test_tree_auto_falls_back_to_target_only_when_speculation_is_slower(capsys, 
     """--tree auto checks its pick against target-only with the real generate calls; where the
     measured speculative tokens/s is lower (forced here: the speculative turns' seconds are
     inflated), it says so on stderr and generates target-only, recording both in --json."""
-    from jaxspec.cli import generate as cli_generate
+    from jaxspec.cli import gen_timing as cli_timing
     from jaxspec.tuning import autotree
 
     picked = autotree.tabulate([0.8], (2,), 2, lambda tree: autotree.RoundCost(1e-3, 1e-3), 1e-3)
@@ -374,14 +376,14 @@ def test_tree_auto_falls_back_to_target_only_when_speculation_is_slower(capsys, 
         return picked
 
     monkeypatch.setattr(autotree, "auto_tree", fake_auto_tree)
-    real = cli_generate._time_modes
+    real = cli_timing.time_modes
 
     def slow_speculation(fns, turns):
         times, outs, firsts = real(fns, turns)
         times["speculative"] = [t * 100 for t in times["speculative"]]
         return times, outs, firsts
 
-    monkeypatch.setattr(cli_generate, "_time_modes", slow_speculation)
+    monkeypatch.setattr(cli_timing, "time_modes", slow_speculation)
     code, out, err = _run(capsys, "--prompt", "def f(x):", "--tree", "auto", "--temperature", "0",
                           "--max-new-tokens", "8", "--turns", "1", "--json")
     assert code == 0, err

@@ -195,7 +195,7 @@ def test_help_documents_exit_status_and_draft_defaults(capsys):
     assert "as generate" not in out
     assert ("--draft-temperature DRAFT_TEMPERATURE draft temperature (default: the target's --temperature for "
             "--scheme iid / without_replacement, 1 for deterministic)") in out
-    assert "dynamic trees: deterministic" in out
+    assert "deterministic for dynamic trees" in out and "--min-p MIN_P target min-p" in out
 
 
 # ----------------------------------------------------------------------------- refused before sampling
@@ -208,8 +208,9 @@ def test_help_documents_exit_status_and_draft_defaults(capsys):
         (["--prompt", "1,2,99999"], "--prompt[2] = 99999: expected a token id in [0, 4)"),
         (["--prompt", "1,-1"], "--prompt[1] = -1: expected a token id in [0, 4)"),
         (["--tree", "dynamic:depth=2,topk=2,nodes=3", "--scheme", "iid"],
-         "--scheme iid: a dynamic tree (--tree dynamic:depth=2,topk=2,nodes=3) ranks fixed candidates; "
-         "expected --scheme deterministic"),
+         "--scheme iid and --tree dynamic:depth=2,topk=2,nodes=3: a dynamic tree ranks fixed candidates; "
+         "expected scheme 'deterministic'"),
+        (["--min-p", "2"], "argument --min-p: expected a number in [0, 1], got '2'"),
         (["--temperature", "1e39"], "argument --temperature: expected a non-negative number (at most 3.4e38), "
                                     "got '1e39'"),
         (["--draft-temperature", "1e39"], "argument --draft-temperature: expected a non-negative number"),
@@ -253,24 +254,27 @@ def _verify_arguments(argv, monkeypatch) -> dict:
 @pytest.mark.parametrize(
     "argv, scheme",
     [
-        (["--tree", "dynamic:depth=2,topk=2,nodes=3"], "deterministic"),
+        (["--tree", "dynamic:depth=2,topk=2,nodes=3"], None),
         (["--tree", "dynamic:depth=2,topk=2,nodes=3", "--scheme", "deterministic"], "deterministic"),
-        ([], "iid"),
+        ([], None),
+        (["--mutant", "depth-row"], "iid"),
         (["--tree", "chain:2", "--scheme", "without_replacement"], "without_replacement"),
     ],
 )
 def test_scheme_default_follows_the_tree(argv, scheme, capsys, monkeypatch):
-    """--scheme not given: deterministic for a dynamic tree (the only scheme it accepts),
-    iid otherwise; given: passed through."""
+    """--scheme not given: None, generate's default (the drafter's own: deterministic for a
+    dynamic tree, without_replacement for a draft model on a static tree), or, for a mutant
+    without --tree, the configuration it breaks; given: passed through."""
     seen = _verify_arguments(argv, monkeypatch)
     assert capsys.readouterr().err == "jaxspec verify: error: captured\n"
     assert seen["scheme"] == scheme
 
 
-@pytest.mark.parametrize("argv, bucket", [([], None), (["--prompt-bucket", "32"], 32)])
+@pytest.mark.parametrize("argv, bucket", [([], 32), (["--prompt-bucket", "none"], None),
+                                         (["--prompt-bucket", "8"], 8)])
 def test_prompt_bucket_reaches_the_harness(argv, bucket, capsys, monkeypatch):
-    """--prompt-bucket N: the harness tests the program padded as generate pads it; without
-    it, the program of the prompt's own width (the harness's default)."""
+    """--prompt-bucket N: the harness tests the program padded to N columns; by default
+    generate's (32), with 'none' the program of the prompt's own width."""
     assert _verify_arguments(argv, monkeypatch)["prompt_bucket"] == bucket
 
 

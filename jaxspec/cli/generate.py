@@ -263,7 +263,8 @@ def _draft_kind(args, lookup) -> str:
     """The drafter's kind for the settings table, known from the flag alone."""
     if lookup is not None:
         return "layers" if hasattr(lookup, "layers") else "lookup"
-    return "head" if is_head_flag("--draft", setup.draft_name(args)) else "model"
+    # no --draft: the embedded draft model (or, for another target, an error _load names)
+    return "head" if args.draft is not None and is_head_flag("--draft", args.draft) else "model"
 
 
 def _load(args, plan: _Plan) -> _Pair:

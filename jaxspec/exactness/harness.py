@@ -72,7 +72,6 @@ replicated, so every process reads the same report.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Sequence
 
@@ -80,7 +79,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from scipy import stats as _scipy_stats
 
 from jaxspec.checks import is_int
 from jaxspec.core import rules
@@ -91,7 +89,7 @@ from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.drafter import DraftRequest
 from jaxspec.decode.output_checks import check_drafter_output
 from jaxspec.decode.round import RoundParts
-from jaxspec.exactness import mutants, power, stats
+from jaxspec.exactness import mutants, stats
 from jaxspec.exactness.exact_laws import (
     MAX_ACCEPT_TERMS,
     MAX_CELLS,
@@ -100,7 +98,8 @@ from jaxspec.exactness.exact_laws import (
     exact_law,
     expected_acceptance,
 )
-from jaxspec.exactness.report import MAX_MIN_DETECTABLE_TV, TestResult, VerifyReport
+from jaxspec.exactness.law_tests import evidence, law_tests
+from jaxspec.exactness.report import TestResult, VerifyReport
 from jaxspec.exactness.sample_counts import count_samples
 from jaxspec.nn import sharding
 from jaxspec.nn.config import ModelConfig
@@ -236,21 +235,6 @@ def _check_prompt(prompt, v: int) -> tuple[int, ...]:
     return tuple(int(t) for t in out)
 
 
-def _relabel(label: str, names) -> str:
-    """A stats cell label ("12", "12(p=0)", "pooled(5)") with the index replaced by its name."""
-    m = re.fullmatch(r"(\d+)(.*)", label)
-    return names[int(m.group(1))] + m.group(2) if m else label
-
-
-def _pooled_away(dof: int, cells: int) -> str:
-    """The ``no_power`` note of a χ² test of a law of ``cells`` positive cells: non-empty when
-    pooling left one cell (dof 0) of several. One cell of one (greedy) is not pooling away:
-    any sample outside it is a certain rejection."""
-    if dof == 0 and cells > 1:
-        return f"dof 0: its {cells} cells pooled into one (too few samples per cell), p = 1 whatever the samples"
-    return ""
-
-
 #: the default block size (rows per device per step): the most on CPU / on an accelerator,
 #: and the least a costly configuration is cut down to
 CHUNK_MAX = {"cpu": 1 << 14, "accelerator": 1 << 16}
@@ -357,6 +341,60 @@ def verify(
       ValueError: bad input (named), or a law with more than :data:`MAX_CELLS` cells.
     """
     t_start = time.perf_counter()
+    run = _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt, horizon, num_samples,
+                   chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket)
+    timings = {}
+    t0 = time.perf_counter()
+    law = exact_law(run.target, run.prompt, run.horizon, **run.setup.target_warp)
+    timings["exact_law_s"] = time.perf_counter() - t0
+    # the exact expectations, hence the set of tests, are fixed before any sample is drawn
+    acc_exp, acc_note = _acceptance_expectation(run, timings) if check_acceptance else (None, "")
+    counts = _draw(run, law, check_acceptance, progress, timings)
+    spec, ar, first = counts["spec"], counts["ar"], counts.get("first")
+    tests, a_test = law_tests(law, spec, ar, None if first is None else first["accepted"], acc_exp, alpha=alpha,
+                              num_samples=run.num_samples)
+    timings["total_s"] = time.perf_counter() - t_start
+    for name in ("speculative", "target_only"):
+        t = timings[name]
+        timings[f"{name}_samples_per_s"] = run.num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
+    timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
+               for k, x in timings.items()}
+    return VerifyReport(
+        config=_config(run), tests=tuple(tests), alpha=alpha, alpha_per_test=a_test, num_samples=run.num_samples,
+        cells=law.cells, exact=law.probs, spec_counts=spec["joint"], ar_counts=ar["joint"],
+        exact_marginals=law.marginals, spec_marginals=spec["marginals"], ar_marginals=ar["marginals"],
+        acceptance_observed=None if first is None else first["accepted"] / run.num_samples,
+        acceptance_expected=acc_exp, acceptance_samples=0 if first is None else run.num_samples,
+        acceptance_note=acc_note, tokens_per_round=float(spec["tokens"] / max(spec["rounds"], 1)), timings=timings,
+        **evidence(law, spec, ar, acc_exp, alpha=alpha, a_test=a_test, num_samples=run.num_samples),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One verification's validated inputs and compiled configurations."""
+
+    target: Transformer
+    draft: object
+    tree: object  # as given (a spec string is reported as written)
+    rule: object
+    prompt: tuple[int, ...]
+    horizon: int
+    num_samples: int
+    seed: int
+    mutant: str | None
+    user_accept: bool  # the caller replaced the acceptance step (parts.accept)
+    prompt_bucket: int | None
+    setup: _Setup
+    mesh: object
+    devices: tuple
+    chunk: int
+
+
+def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt, horizon, num_samples,
+             chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket) -> _Run:
+    """Every argument checked, and the configurations :func:`jaxspec.generate` compiles for
+    them built, before anything is enumerated or sampled."""
     if (target is None) != (draft is None):
         raise ValueError("target/draft: pass both models, or neither for the default pair")
     if target is None:
@@ -380,196 +418,142 @@ def verify(
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
-    if setup.target_warp["top_k"] is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
+    _check_cells(setup, v, horizon)
+    if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
+        label = mutants.MUTANT_RULE[mutant]
+        kinds = ("chain",) if label == "block" else ("chain", "tree")
+        if rules.tree_kind(setup.spec_cfg.tree) not in kinds:
+            raise ValueError(f"mutant = {mutant!r}: breaks {label} verification, which runs on "
+                             f"{' and '.join(k + 's' for k in kinds)} only, got tree = {tree!r}")
+    setup, mesh, devices = _placement(setup, target, mesh, devices)
+    chunk = (default_chunk(devices, target, draft, setup.spec_cfg.num_nodes, horizon) if chunk_size is None
+             else _check_count("chunk_size", chunk_size))
+    chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
+    return _Run(target, draft, tree, rule, prompt, horizon, num_samples, seed, mutant, user_accept, prompt_bucket,
+                setup, mesh, devices, chunk)
+
+
+def _check_cells(setup: _Setup, v: int, horizon: int) -> None:
+    """Refuse a law with more than :data:`MAX_CELLS` cells from its bound, before enumerating."""
+    top_k = setup.target_warp["top_k"]
+    if top_k is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
         raise ValueError(f"sampling.top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
                          "pass a Sampling with a top_k, so that top_k**horizon cells are countable")
-    k = min(v, setup.target_warp["top_k"] or v)
-    if cells_bound(v, horizon, temperature=setup.temperature, top_k=k) > MAX_CELLS:  # before enumerating
-        raise ValueError(f"sampling.top_k = {setup.target_warp['top_k']}, horizon = {horizon}: {k}**{horizon}"
+    k = min(v, top_k or v)
+    if cells_bound(v, horizon, temperature=setup.temperature, top_k=k) > MAX_CELLS:
+        raise ValueError(f"sampling.top_k = {top_k}, horizon = {horizon}: {k}**{horizon}"
                          f"{f' = {k**horizon}' if horizon <= 64 else ''} joint cells, more than MAX_CELLS = "
                          f"{MAX_CELLS}; pass a smaller top_k or horizon")
+
+
+def _placement(setup: _Setup, target, mesh, devices) -> tuple[_Setup, object, tuple]:
+    """The devices the blocks run on: ``devices`` (a 1-D mesh), or ``mesh`` (its ``data``
+    axis; its ``model`` axis splits each block's forwards as generate splits them)."""
     if mesh is not None:
         if devices is not None:
             raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")
         mesh = sharding.full_mesh(mesh)
         sharding.check_model_on_mesh("target", target.config, mesh)
         cfg = setup.spec_cfg
-        cfg.draft_def.check(target, DraftRequest(cfg.tree, cfg.scheme, mesh, ()))  # the drafter's own refusals
+        cfg.draft_def.check(target, DraftRequest(cfg.tree, cfg.scheme, mesh, None))  # the drafter's own refusals
         devices = tuple(mesh.devices.flat)
         setup = dataclasses.replace(setup, **{f: dataclasses.replace(getattr(setup, f), mesh=mesh, split_rows=False)
                                               for f in ("spec_cfg", "first_cfg", "ar_cfg")})
     devices = tuple(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("devices: expected at least one device")
-    chunk = (default_chunk(devices, target, draft, setup.spec_cfg.num_nodes, horizon) if chunk_size is None
-             else _check_count("chunk_size", chunk_size))
-    chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
+    return setup, mesh, devices
 
-    spec_cfg, first_cfg, impl = setup.spec_cfg, setup.first_cfg, gen.speculative_program
 
-    timings = {}
+def _rule_names(run: _Run) -> tuple[str, str]:
+    """The rule as resolved ("auto" -> its pick) and the rule the acceptance is compared
+    with (a mutant's: the rule it breaks)."""
+    resolved = rules.rule_name(rules.resolve_rule(run.rule, run.setup.spec_cfg.tree))
+    if run.mutant is not None and mutants.MUTANT_RULE[run.mutant] != "token":
+        return resolved, mutants.MUTANT_RULE[run.mutant]
+    return resolved, resolved
+
+
+def _acceptance_expectation(run: _Run, timings: dict) -> tuple[np.ndarray | None, str]:
+    """The first round's exact acceptance per depth where it is enumerated, else None and
+    a note saying why it is observed only."""
+    cfg, label = run.setup.spec_cfg, _rule_names(run)[1]
+    if isinstance(cfg.tree, DynamicTree):
+        return None, "acceptance expectation not enumerated for dynamic trees (observed only)"
+    if not isinstance(run.draft, nnx.Module):
+        return None, "acceptance expectation not enumerated for a drafter other than a model (observed only)"
+    if run.user_accept:
+        return None, "acceptance expectation not enumerated for a replaced acceptance step (observed only)"
+    if label not in ("token", "block"):
+        return None, f"acceptance expectation not enumerated for rule {label!r} (observed only)"
     t0 = time.perf_counter()
-    law = exact_law(target, prompt, horizon, **setup.target_warp)
-    levels = tuple((jnp.asarray(p), jnp.asarray(t)) for p, t in law.levels)
-    timings["exact_law_s"] = time.perf_counter() - t0
-
-    # the exact expectations, hence the set of tests, are fixed before any sample is drawn
-    acc_exp, acc_note = None, ""
-    rule_resolved = rules.rule_name(rules.resolve_rule(rule, setup.spec_cfg.tree))  # "auto" -> its pick
-    rule_label = rule_resolved
-    if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
-        rule_label = mutants.MUTANT_RULE[mutant]  # compared with the rule it breaks
-        kinds = ("chain",) if rule_label == "block" else ("chain", "tree")
-        if rules.tree_kind(setup.spec_cfg.tree) not in kinds:
-            raise ValueError(f"mutant = {mutant!r}: breaks {rule_label} verification, which runs on "
-                             f"{' and '.join(k + 's' for k in kinds)} only, got tree = {tree!r}")
-    if check_acceptance and isinstance(setup.spec_cfg.tree, DynamicTree):
-        acc_note = "acceptance expectation not enumerated for dynamic trees (observed only)"
-    elif check_acceptance and not isinstance(draft, nnx.Module):
-        acc_note = "acceptance expectation not enumerated for a drafter other than a model (observed only)"
-    elif check_acceptance and user_accept:
-        acc_note = "acceptance expectation not enumerated for a replaced acceptance step (observed only)"
-    elif check_acceptance and rule_label not in ("token", "block"):
-        acc_note = f"acceptance expectation not enumerated for rule {rule_label!r} (observed only)"
-    elif check_acceptance:
-        t0 = time.perf_counter()
-        try:
-            acc_exp = expected_acceptance(target, draft, prompt, setup.spec_cfg.tree, setup.spec_cfg.scheme, setup.target_warp,
-                                          setup.draft_warp, rule=rule_label)
-        except ValueError as e:
-            acc_note = f"acceptance expectation not enumerated: {e}"
+    try:
+        return expected_acceptance(run.target, run.draft, run.prompt, cfg.tree, cfg.scheme, run.setup.target_warp,
+                                   run.setup.draft_warp, rule=label), ""
+    except ValueError as e:
+        return None, f"acceptance expectation not enumerated: {e}"
+    finally:
         timings["expected_acceptance_s"] = time.perf_counter() - t0
 
-    states = (nnx.split(target)[1], as_drafter(draft)[1])  # the draft's params (None for a drafter without)
-    check_drafter_output(spec_cfg.draft_def, states[1], target, tree=spec_cfg.tree, scheme=spec_cfg.scheme,
-                         warp=spec_cfg.draft_warp, batch=chunk, width=setup.widths["spec"],
+
+def _draw(run: _Run, law: ExactLaw, check_acceptance: bool, progress: bool, timings: dict) -> dict:
+    """The counts of the speculative, target-only and (with ``check_acceptance``)
+    first-round runs, each ``num_samples`` rows in blocks over the devices."""
+    setup, spec_cfg = run.setup, run.setup.spec_cfg
+    states = (nnx.split(run.target)[1], as_drafter(run.draft)[1])  # the draft's params (None for a drafter without)
+    check_drafter_output(spec_cfg.draft_def, states[1], run.target, tree=spec_cfg.tree, scheme=spec_cfg.scheme,
+                         warp=spec_cfg.draft_warp, batch=run.chunk, width=setup.widths["spec"],
                          capacity=spec_cfg.capacity, budget=spec_cfg.max_new_tokens)
-    if mesh is not None:
-        states = (sharding.shard_state(states[0], target.config, mesh),
-                  sharding.shard_params(states[1], getattr(setup.spec_cfg.draft_def, "config", None), mesh))
+    if run.mesh is not None:
+        states = (sharding.shard_state(states[0], run.target.config, run.mesh),
+                  sharding.shard_params(states[1], getattr(spec_cfg.draft_def, "config", None), run.mesh))
     temps = (setup.temperature, setup.draft_temperature)
-    base = jax.random.key(seed)
-    common = dict(prompt=prompt, horizon=horizon, vocab=v, levels=levels, num_samples=num_samples,
-                  chunk=chunk, devices=devices, progress=progress, mesh=mesh)
-
-    spec, timings["speculative"] = count_samples("spec", spec_cfg, impl, states, temps,
-                                                 jax.random.fold_in(base, 0), desc="speculative",
-                                                 width=setup.widths["spec"], **common)
-    ar, timings["target_only"] = count_samples("ar", setup.ar_cfg, gen.autoregressive_program, states[:1], temps[:1],
-                                               jax.random.fold_in(base, 1), desc="target only",
-                                               width=setup.widths["ar"], **common)
-
-    # ------------------------------------------------------------------ acceptance
-    acc_obs = None
-    acc_n = 0
+    base = jax.random.key(run.seed)
+    levels = tuple((jnp.asarray(p), jnp.asarray(t)) for p, t in law.levels)
+    common = dict(prompt=run.prompt, horizon=run.horizon, vocab=run.target.config.vocab_size, levels=levels,
+                  num_samples=run.num_samples, chunk=run.chunk, devices=run.devices, progress=progress, mesh=run.mesh)
+    runs = [("spec", "speculative", spec_cfg, gen.speculative_program, states, temps),
+            ("ar", "target_only", setup.ar_cfg, gen.autoregressive_program, states[:1], temps[:1])]
     if check_acceptance:
-        first, timings["first_round"] = count_samples("first", first_cfg, impl, states, temps,
-                                                      jax.random.fold_in(base, 2), desc="first round",
-                                                      width=setup.widths["first"], **common)
-        acc_n = num_samples
-        acc_obs = first["accepted"] / num_samples
+        runs.append(("first", "first_round", setup.first_cfg, gen.speculative_program, states, temps))
+    counts = {}
+    for i, (kind, name, cfg, program, st, tt) in enumerate(runs):
+        counts[kind], timings[name] = count_samples(kind, cfg, program, st, tt, jax.random.fold_in(base, i),
+                                                    desc=name.replace("_", " "), width=setup.widths[kind], **common)
+    return counts
 
-    # ------------------------------------------------------------------ tests
-    exact_full = np.append(law.probs, 0.0)  # + the outside-support cell
-    planned = 1 + horizon + 2 + (0 if acc_exp is None else acc_exp.size)
-    a_test = stats.bonferroni(alpha, planned)
-    labels = [",".join(map(str, c)) for c in law.cells.tolist()] + ["outside"]
-    tests = []
 
-    def chi(name, r, kind, cells, joint=True):
-        detail = ""
-        if r.observed is not None:  # cells named by token sequences (joint) or token ids
-            lbl = (tuple(_relabel(x, labels) for x in r.labels) if joint else r.labels) or None
-            detail = stats.table(r.observed, r.expected, labels=lbl, max_rows=10)
-        tests.append(TestResult(name, kind, float(r.statistic), int(r.dof), float(r.pvalue), a_test, int(r.n),
-                                r.note, detail, _pooled_away(int(r.dof), cells)))
-
-    gof = lambda c, p: stats.chisquare_gof(c, p, min_expected=stats.MIN_EXPECTED)  # noqa: E731
-    n_cells = int(law.probs.size)
-    chi("joint chi2 vs exact", gof(spec["joint"], exact_full), "chi2_gof", n_cells)
-    for i in range(horizon):
-        chi(f"position {i + 1} chi2 vs exact", gof(spec["marginals"][i], law.marginals[i]), "chi2_gof",
-            int(np.count_nonzero(law.marginals[i])), joint=False)
-    chi("joint two-sample chi2 vs target-only",
-        stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=stats.MIN_EXPECTED), "chi2_two_sample",
-        n_cells)
-    chi("control: target-only joint chi2 vs exact", gof(ar["joint"], exact_full), "chi2_gof", n_cells)
-    acc_e = [] if acc_exp is None else [float(min(max(e, 0.0), 1.0)) for e in acc_exp]
-    for d, (k, e) in enumerate(zip([] if acc_exp is None else first["accepted"], acc_e, strict=True)):
-        pv = float(_scipy_stats.binomtest(int(k), num_samples, e).pvalue)
-        p_min = power.binomial_min_pvalue(num_samples, e)
-        no_power = (f"its most extreme outcome has p = {p_min:.3g} > {a_test:.3g}: cannot reject on "
-                    f"{num_samples} samples") if p_min > a_test else ""
-        tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
-                                0, pv, a_test, num_samples, f"observed {int(k)} of {num_samples}, "
-                                f"expected {e * num_samples:.1f}", no_power=no_power))
-    assert len(tests) == planned
-
-    tv = stats.total_variation(spec["joint"], exact_full)
-    tv_up = stats.tv_upper_bound(spec["joint"], exact_full, alpha=alpha)
-    tv_ar = stats.total_variation(ar["joint"], exact_full)
-    mdt = stats.min_detectable_tv(num_samples, max(law.probs.size, 2), alpha=a_test)
-    samples_needed = max([power.tv_samples(num_samples, mdt, MAX_MIN_DETECTABLE_TV), power.gof_samples(law.probs),
-                          *(power.gof_samples(m) for m in law.marginals),
-                          *(power.binomial_samples(e, a_test) for e in acc_e)])
-    config = {
-        "tree": tree if isinstance(tree, str) else str(setup.spec_cfg.tree),
-        "tree_resolved": str(setup.spec_cfg.tree),
-        "scheme": setup.spec_cfg.scheme,
-        "drafter": type(setup.spec_cfg.draft_def).__name__,
-        "rule": rule_resolved,
+def _config(run: _Run) -> dict:
+    """The report's ``config``: what was tested, as resolved."""
+    setup, spec_cfg = run.setup, run.setup.spec_cfg
+    t_warp, d_warp = setup.target_warp, setup.draft_warp
+    return {
+        "tree": run.tree if isinstance(run.tree, str) else str(spec_cfg.tree),
+        "tree_resolved": str(spec_cfg.tree),
+        "scheme": spec_cfg.scheme,
+        "drafter": type(spec_cfg.draft_def).__name__,
+        "rule": _rule_names(run)[0],
         # at temperature 0 the target law is a single sequence: the tests can only see whether
         # the decoder emits it, not whether it would sample the law at any other temperature
         "scope": (GREEDY_SCOPE if setup.temperature == 0.0 else None),
         "temperature": setup.temperature,
-        "top_k": setup.target_warp["top_k"],
-        "top_p": setup.target_warp["top_p"],
-        "min_p": setup.target_warp["min_p"],
+        "top_k": t_warp["top_k"],
+        "top_p": t_warp["top_p"],
+        "min_p": t_warp["min_p"],
         "draft_temperature": setup.draft_temperature,
-        "draft_top_k": setup.draft_warp["top_k"],
-        "draft_top_p": setup.draft_warp["top_p"],
-        "draft_min_p": setup.draft_warp["min_p"],
-        "prompt": list(prompt),
-        "horizon": horizon,
-        "vocab_size": v,
-        "num_samples": num_samples,
-        "chunk_size": chunk,
-        "prompt_bucket": prompt_bucket,
-        "devices": len(devices),
-        "mesh": sharding.mesh_shape(mesh) if mesh is not None else {"data": len(devices), "model": 1},
-        "platform": devices[0].platform,
-        "seed": seed,
-        "mutant": mutant,
-        "mutant_bug": None if mutant is None else mutants.describe(mutant),
+        "draft_top_k": d_warp["top_k"],
+        "draft_top_p": d_warp["top_p"],
+        "draft_min_p": d_warp["min_p"],
+        "prompt": list(run.prompt),
+        "horizon": run.horizon,
+        "vocab_size": run.target.config.vocab_size,
+        "num_samples": run.num_samples,
+        "chunk_size": run.chunk,
+        "prompt_bucket": run.prompt_bucket,
+        "devices": len(run.devices),
+        "mesh": (sharding.mesh_shape(run.mesh) if run.mesh is not None else {"data": len(run.devices), "model": 1}),
+        "platform": run.devices[0].platform,
+        "seed": run.seed,
+        "mutant": run.mutant,
+        "mutant_bug": None if run.mutant is None else mutants.describe(run.mutant),
     }
-    timings["total_s"] = time.perf_counter() - t_start
-    for name in ("speculative", "target_only"):
-        t = timings[name]
-        timings[f"{name}_samples_per_s"] = num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
-    timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
-               for k, x in timings.items()}
-    return VerifyReport(
-        config=config,
-        tests=tuple(tests),
-        alpha=alpha,
-        alpha_per_test=a_test,
-        num_samples=num_samples,
-        cells=law.cells,
-        exact=law.probs,
-        spec_counts=spec["joint"],
-        ar_counts=ar["joint"],
-        exact_marginals=law.marginals,
-        spec_marginals=spec["marginals"],
-        ar_marginals=ar["marginals"],
-        tv=tv,
-        tv_upper=tv_up,
-        tv_target_only=tv_ar,
-        min_detectable_tv=mdt,
-        acceptance_observed=acc_obs,
-        acceptance_expected=acc_exp,
-        acceptance_samples=acc_n,
-        acceptance_note=acc_note,
-        tokens_per_round=float(spec["tokens"] / max(spec["rounds"], 1)),
-        timings=timings,
-        samples_needed=samples_needed,
-    )
