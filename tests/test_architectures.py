@@ -113,3 +113,6 @@ def test_greedy_generation_matches_transformers(saved, kind):
         out = generate(jax.random.key(1), ours, draft, PROMPT, tree="branch:2,2,1", scheme="deterministic",
                        max_new_tokens=N_NEW, stop_tokens=(), **_greedy())
         assert _tokens(out)[:N_NEW] == ref
+        if draft is ours:  # the draft's windowed tree steps see what the target sees: every
+            # round accepts the whole greedy chain (3 nodes) plus the target's own token
+            assert out.summary()["tokens_per_target_call"] >= 3.5
