@@ -1,6 +1,7 @@
 """The command line's persistent compilation cache (jaxspec/cli/compile_cache.py): the first
-run stores its compiled programs, a second identical run finds every one of them (it
-writes no new entry), and the off switches store nothing. Timings are measured in
+run stores its compiled programs (and, with --program-store, its traced ones), a second
+identical run finds every one of them (it writes no new entry), and the off switches store
+nothing. Timings are measured in
 benchmarks/, not asserted here."""
 
 import json
@@ -41,12 +42,12 @@ def test_second_run_reuses_every_compiled_program(tmp_path):
     (JAX_LOG_COMPILES logs each trace by the function's name)."""
     cache = tmp_path / "xla"
     logs = []
-    first = _run(cache, log=logs, JAX_LOG_COMPILES="1")
+    first = _run(cache, "--program-store", log=logs, JAX_LOG_COMPILES="1")
     stored = _entries(cache)
     assert stored, "the first run stored nothing"
     assert _entries(cache / "programs"), "the first run stored no traced program"
     assert "Finished tracing speculative_program" in logs[0]
-    second = _run(cache, log=logs, JAX_LOG_COMPILES="1")
+    second = _run(cache, "--program-store", log=logs, JAX_LOG_COMPILES="1")
     assert _entries(cache) == stored, "the second run compiled a program the first had stored"
     assert "Finished tracing speculative_program" not in logs[1], "the second run traced the loop again"
     assert second["tokens"] == first["tokens"]  # same seed, same program: same tokens
@@ -65,7 +66,7 @@ def test_streamed_runs_and_other_prompt_lengths_reuse_the_programs(tmp_path, mod
     second = args
     if mode == "other-prompt-length":
         args, second = ARGS, [("the prompt of another length" if a == "ab" else a) for a in ARGS]
-    env = _env(JAXSPEC_COMPILATION_CACHE=str(cache), JAX_LOG_COMPILES="1")
+    env = _env(JAXSPEC_COMPILATION_CACHE=str(cache), JAX_LOG_COMPILES="1", JAXSPEC_PROGRAM_STORE="on")
     runs = [subprocess.run([sys.executable, "-m", "jaxspec.cli", *a], capture_output=True, text=True, env=env,
                            timeout=600) for a in (args,)]
     assert runs[0].returncode == 0, runs[0].stderr
@@ -85,10 +86,11 @@ def test_streamed_runs_and_other_prompt_lengths_reuse_the_programs(tmp_path, mod
 
 
 def test_a_second_verify_loads_its_block_programs(tmp_path):
-    """``jaxspec verify`` uses both stores too: the second process stores nothing new,
-    traces none of the harness's block programs, and reports the same counts."""
+    """``jaxspec verify --program-store`` uses both stores too: the second process stores
+    nothing new, traces none of the harness's block programs, and reports the same counts."""
     cache = tmp_path / "xla"
-    args = ["verify", "--samples", "2000", "--tree", "chain:2", "--horizon", "2", "--no-progress", "--json"]
+    args = ["verify", "--samples", "2000", "--tree", "chain:2", "--horizon", "2", "--no-progress", "--json",
+            "--program-store"]
     env = _env(JAXSPEC_COMPILATION_CACHE=str(cache), JAX_LOG_COMPILES="1")
 
     def run():
@@ -124,12 +126,14 @@ def test_off_switches_store_nothing(tmp_path, how):
     assert _entries(cache) == []
 
 
-def test_the_program_store_has_its_own_off_switch(tmp_path):
-    """$JAXSPEC_PROGRAM_STORE=off: the compiled executables are stored, the traced
-    programs are not."""
+def test_the_program_store_is_an_opt_in(tmp_path):
+    """By default the compiled executables are stored and the traced programs are not;
+    $JAXSPEC_PROGRAM_STORE=on stores them as --program-store does."""
     cache = tmp_path / "xla"
-    _run(cache, JAXSPEC_PROGRAM_STORE="off")
+    _run(cache)
     assert _entries(cache) and not (cache / "programs").exists()
+    _run(cache, JAXSPEC_PROGRAM_STORE="on")
+    assert _entries(cache / "programs")
 
 
 def test_default_folder_is_under_the_jaxspec_cache(monkeypatch, tmp_path):

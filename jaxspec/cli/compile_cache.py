@@ -1,8 +1,9 @@
 """JAX's persistent compilation cache for the command line: a second ``jaxspec generate``
 or ``jaxspec verify`` with the same configuration loads its compiled programs from disk
-instead of compiling them again, and its traced programs (``programs/``,
-:mod:`jaxspec.decode.program_store`; ``$JAXSPEC_PROGRAM_STORE=off`` keeps the executables
-only) instead of tracing and lowering them again.
+instead of compiling them again. With ``--program-store`` (or ``$JAXSPEC_PROGRAM_STORE=on``)
+it also keeps the traced programs (``programs/``, :mod:`jaxspec.decode.program_store`), so
+that a second process skips tracing and lowering too: its first tokens came 0.82 s after
+start against 2.11 s with the executables alone (benchmarks/README.md, ``program_store``).
 
 Where: ``$JAXSPEC_COMPILATION_CACHE`` if set (a folder, or ``off`` to disable), else
 ``compilation/`` under the jaxspec cache folder (``$JAXSPEC_CACHE_DIR``, default
@@ -20,7 +21,7 @@ __all__ = ["ENV", "PROGRAMS", "STORE_ENV", "compilation_cache_dir", "enable_comp
            "program_store_wanted"]
 
 ENV = "JAXSPEC_COMPILATION_CACHE"
-STORE_ENV = "JAXSPEC_PROGRAM_STORE"  # "off": the executables only, every process traces and lowers
+STORE_ENV = "JAXSPEC_PROGRAM_STORE"  # "on": the traced programs too (--program-store); else the executables only
 PROGRAMS = "programs"  # the subfolder of traced programs (jaxspec.decode.program_store)
 
 
@@ -29,9 +30,9 @@ def _off(value: str) -> bool:
 
 
 def program_store_wanted() -> bool:
-    """False when ``$JAXSPEC_PROGRAM_STORE`` is ``off``: the compilation cache then keeps
-    the executables only."""
-    return not _off(os.environ.get(STORE_ENV, ""))
+    """True when ``$JAXSPEC_PROGRAM_STORE`` is ``on`` (or ``1``, ``true``, ``yes``): the
+    opt-in of the traced-program store without the flag."""
+    return os.environ.get(STORE_ENV, "").strip().lower() in ("on", "1", "true", "yes")
 
 
 def compilation_cache_dir() -> Path | None:
@@ -45,13 +46,13 @@ def compilation_cache_dir() -> Path | None:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "jaxspec") / "compilation"
 
 
-def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | None:
+def enable_compilation_cache(folder: str | os.PathLike | None = None, *, store_programs: bool = False) -> Path | None:
     """Point JAX's persistent compilation cache at ``folder`` (default
     :func:`compilation_cache_dir`) and cache every program, however quick to compile
-    (the speculative loop's pieces each compile fast; together they are seconds), and
-    keep the traced programs of jaxspec's generation loops and of the exactness harness's
-    blocks in its ``programs/`` subfolder
-    (:mod:`jaxspec.decode.program_store`; not when ``$JAXSPEC_PROGRAM_STORE`` is ``off``).
+    (the speculative loop's pieces each compile fast; together they are seconds). With
+    ``store_programs`` (or ``$JAXSPEC_PROGRAM_STORE=on``), also keep the traced programs of
+    jaxspec's generation loops and of the exactness harness's blocks in its ``programs/``
+    subfolder (:mod:`jaxspec.decode.program_store`).
     Returns the folder, or None when disabled or when it cannot be created (the run then
     compiles as usual)."""
     import jax  # noqa: PLC0415 (the CLI imports jax only when a command runs)
@@ -70,5 +71,5 @@ def enable_compilation_cache(folder: str | os.PathLike | None = None) -> Path | 
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     # the traced programs beside the executables: a second process then skips tracing and
     # lowering too, not only XLA's compilation (jaxspec.decode.program_store)
-    program_store.use_folder(path / PROGRAMS if program_store_wanted() else None)
+    program_store.use_folder(path / PROGRAMS if store_programs or program_store_wanted() else None)
     return path

@@ -165,11 +165,16 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE, default "
                         "~/.cache/jaxspec/compilation; 'off' disables it everywhere)")
+    p.add_argument("--program-store", action="store_true",
+                   help="keep the traced programs beside the compiled ones, so that the next process skips "
+                        "tracing and lowering too (first tokens sooner; keyed by the versions of jax, jaxlib and "
+                        "flax, XLA_FLAGS, the device kind and jaxspec's source; $JAXSPEC_PROGRAM_STORE=on does the "
+                        "same)")
 
     def run(args: argparse.Namespace) -> int:
         mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
         if not args.no_compile_cache:
-            enable_compilation_cache()
+            enable_compilation_cache(store_programs=args.program_store)
         plan = _plan(args, mesh)
         pair = _load(args, plan)
         if plan.auto:

@@ -193,11 +193,16 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--no-compile-cache", action="store_true",
                    help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE)")
+    g.add_argument("--program-store", action="store_true",
+                   help="keep the traced programs beside the compiled ones, so that the next process skips "
+                        "tracing and lowering too (first tokens sooner; keyed by the versions of jax, jaxlib and "
+                        "flax, XLA_FLAGS, the device kind and jaxspec's source; $JAXSPEC_PROGRAM_STORE=on does the "
+                        "same)")
 
     def run(args: argparse.Namespace) -> int:
         args.mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
         if not args.no_compile_cache:
-            enable_compilation_cache()
+            enable_compilation_cache(store_programs=args.program_store)
         try:
             return _run(args)
         except (OSError, RuntimeError, FloatingPointError) as e:  # exit 1 means "a test rejected"

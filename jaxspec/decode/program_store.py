@@ -5,12 +5,16 @@ module: every process still traces the Python function and lowers it to StableHL
 it can look the executable up, which for the generation loop costs seconds. This store
 keeps the lowered program itself (:mod:`jax.export`, serialized) under a key computed
 without tracing: the static configuration's text, the arguments' tree, shapes and dtypes,
-and the versions of JAX, jaxlib, flax and jaxspec's own source. A process that finds its
+the versions of JAX, jaxlib and flax, a digest of jaxspec's own source, the device kind,
+JAX's settings that change a trace, and ``$XLA_FLAGS``. A process that finds its
 key deserializes the program and runs it through ``jax.jit(exported.call)``, whose small
 lowering is the same in every process, so its executable is a hit of JAX's cache too.
 
-The store is off until :func:`use_folder` names a folder (the command line does, beside
-its compilation cache: :func:`jaxspec.cli.compile_cache.enable_compilation_cache`); a
+A file is data, never code: a magic line, one line of JSON (the full key and the output's
+tree, naming only builtin containers and jaxspec's own classes) and jax.export's bytes;
+nothing is unpickled. The store is off until :func:`use_folder` names a folder (the command
+line does with ``--program-store``, beside its compilation cache:
+:func:`jaxspec.cli.compile_cache.enable_compilation_cache`); a
 :class:`StoredFunction` is then ``jax.jit(fun)`` with the trace taken from the folder when
 it is there. It is used only where the key is sound: one device (no mesh), and a static
 configuration whose text names no object by its address (a lambda, a local function, a
@@ -26,8 +30,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
+import json
 import os
-import pickle
 import re
 import tempfile
 import warnings
@@ -37,11 +42,12 @@ from typing import Any, NamedTuple
 
 import jax
 
-__all__ = ["SUFFIX", "StoredFunction", "folder", "library_function_name", "source_digest", "static_text",
-           "use_folder"]
+__all__ = ["SUFFIX", "StoredFunction", "decode_tree", "encode_tree", "folder", "library_function_name",
+           "source_digest", "static_text", "use_folder"]
 
 SUFFIX = ".jaxspec-program"  # one file per (function, configuration, argument signature)
-_FORMAT = 1  # bump when the file's layout changes: older files are then read as missing
+_FORMAT = 2  # bump when the file's layout changes: older files are then read as missing
+_MAGIC = b"JAXSPEC-PROGRAM\n"  # then one line of JSON (the key, the output's tree), then jax.export's bytes
 _state: dict[str, Path | None] = {"folder": None}
 
 
@@ -102,9 +108,9 @@ def library_function_name(f) -> str | None:
 
 
 def _environment() -> str:
-    """What else a trace depends on: library versions, the backend, the settings that
-    change what tracing produces, and whether the unrolled CPU Threefry lowering is in use
-    (:mod:`jaxspec.core.cpu_rng`)."""
+    """What else a trace depends on: library versions, jaxspec's source, the backend and its
+    device kind, the settings that change what tracing produces, ``$XLA_FLAGS``, and
+    whether the unrolled CPU Threefry lowering is in use (:mod:`jaxspec.core.cpu_rng`)."""
     import flax  # noqa: PLC0415
     import jaxlib  # noqa: PLC0415
 
@@ -116,7 +122,7 @@ def _environment() -> str:
         "jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision",
         "jax_numpy_dtype_promotion")]
     return repr((_FORMAT, jax.__version__, jaxlib.__version__, flax.__version__, source_digest(),
-                 dev.platform, dev.device_kind, jax.device_count(), settings,
+                 dev.platform, dev.device_kind, jax.device_count(), settings, os.environ.get("XLA_FLAGS", ""),
                  cpu_rng.unrolled_threefry_in_use()))
 
 
@@ -254,11 +260,13 @@ class StoredFunction:
             return None
         try:
             with open(path, "rb") as f:
-                record = pickle.load(f)
-            if record.get("format") != _FORMAT or record.get("key") != text:
-                return None  # another layout, or (improbably) another key with this hash
-            exported = jax.export.deserialize(bytearray(record["exported"]))
-            return exported, record["out_tree"], tuple(record["out_keys"])
+                if f.readline() != _MAGIC:
+                    raise ValueError("not a jaxspec program file of this version")
+                header = json.loads(f.readline())
+                if header.get("format") != _FORMAT or header.get("key") != text:
+                    return None  # another layout, or (improbably) another key with this hash
+                exported = jax.export.deserialize(bytearray(f.read()))
+            return exported, decode_tree(header["out_tree"]), tuple(tuple(k) for k in header["out_keys"])
         except Exception as e:  # noqa: BLE001 (a damaged file of the cache is traced again)
             warnings.warn(f"jaxspec program store: {path} could not be read ({type(e).__name__}: {e}); "
                           "tracing the program again", RuntimeWarning, stacklevel=4)
@@ -267,8 +275,9 @@ class StoredFunction:
     @staticmethod
     def _save(path: Path, text: str, exported, out_tree, out_keys) -> None:
         try:
-            record = {"format": _FORMAT, "key": text, "exported": bytes(exported.serialize()),
-                      "out_tree": out_tree, "out_keys": out_keys}
+            header = json.dumps({"format": _FORMAT, "key": text, "out_tree": encode_tree(out_tree),
+                                 "out_keys": [list(k) for k in out_keys]})
+            payload = bytes(exported.serialize())
         except Exception as e:  # noqa: BLE001 (e.g. no flatbuffers package: the run goes on, unstored)
             warnings.warn(f"jaxspec program store: the traced program could not be serialized "
                           f"({type(e).__name__}: {e}); it is not stored", RuntimeWarning, stacklevel=4)
@@ -276,7 +285,67 @@ class StoredFunction:
         try:
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                pickle.dump(record, f)
+                f.write(_MAGIC + header.encode() + b"\n" + payload)
             os.replace(tmp, path)  # whole or absent: a reader never sees half a file
         except OSError:
             pass  # a read-only or full folder: the run goes on without storing
+
+
+# --------------------------------------------------------------------------- output trees as JSON
+# A stored file is data, never code: the output's tree structure is written as JSON naming
+# its node types, and read back only for the builtin containers and jaxspec's own classes
+# (nothing is unpickled, no other module is imported).
+
+_BUILTINS = {"tuple": tuple, "list": list, "dict": dict, "NoneType": type(None)}
+
+
+def _json_aux(x):
+    if isinstance(x, tuple):
+        return {"tuple": [_json_aux(v) for v in x]}
+    if isinstance(x, list):  # a dict's keys
+        return [_json_aux(v) for v in x]
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    raise TypeError(f"a tree node's data {x!r} is not plain data")
+
+
+def _plain_aux(x):
+    if isinstance(x, dict):
+        return tuple(_plain_aux(v) for v in x["tuple"])
+    if isinstance(x, list):
+        return [_plain_aux(v) for v in x]
+    return x
+
+
+def encode_tree(treedef) -> Any:
+    """A PyTreeDef as JSON: ``"*"`` for a leaf, else ``[type name, node data, children]``.
+    Only builtin containers and jaxspec's classes, with plain node data (``TypeError``
+    otherwise: the program is then not stored)."""
+    if jax.tree_util.treedef_is_leaf(treedef) and treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return "*"
+    kind, aux = treedef.node_data()
+    if kind.__module__ == "builtins" and kind.__name__ in _BUILTINS:
+        name = kind.__name__
+    elif kind.__module__.startswith("jaxspec.") and "<" not in kind.__qualname__:
+        name = f"{kind.__module__}:{kind.__qualname__}"
+    else:
+        raise TypeError(f"{kind.__module__}.{kind.__qualname__} is not a builtin container or a jaxspec class")
+    return [name, _json_aux(aux), [encode_tree(c) for c in treedef.children()]]
+
+
+def decode_tree(data) -> Any:
+    """The PyTreeDef :func:`encode_tree` wrote."""
+    if data == "*":
+        return jax.tree.structure(0)
+    name, aux, children = data
+    if ":" in name:
+        module, qualname = name.split(":")
+        if not module.startswith("jaxspec."):
+            raise ValueError(f"node type {name!r}: expected a jaxspec class")
+        kind = importlib.import_module(module)
+        for part in qualname.split("."):
+            kind = getattr(kind, part)
+    else:
+        kind = _BUILTINS[name]
+    return jax.tree_util.PyTreeDef.from_node_data_and_children(
+        jax.tree_util.default_registry, (kind, _plain_aux(aux)), [decode_tree(c) for c in children])
