@@ -45,6 +45,8 @@ test either stops the round or deletes the node), one more key for the emitted t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,7 +87,6 @@ def traversal_with_update(key, parents, tokens, target_probs, draft_probs, schem
     n = tokens.shape[0]
     P = jnp.asarray(target_probs, jnp.float32)  # [N + 1, V]
     Q = jnp.asarray(draft_probs, jnp.float32)  # [N + 1, V]
-    v = P.shape[-1]
     key_accept, key_emit = jax.random.split(key)
     uni = jax.random.uniform(key_accept, (n,), jnp.float32)  # one per node, used once
 
@@ -97,47 +98,11 @@ def traversal_with_update(key, parents, tokens, target_probs, draft_probs, schem
     sib_tok = jnp.where(sib >= 0, tokens[np.maximum(sib, 0)], -1)  # [N, K - 1]
     qx, z, exh = _drawn_at_token(st, sib, sib_tok, tokens, Q, scheme)  # [N] each
     px = P[np.asarray(st.parent_row), tokens]  # [N] the target row of the parent at the token
-    iota = jnp.arange(v, dtype=jnp.int32)
-
-    def walk(alpha, stored, removed):
-        """From the root through first remaining children: (ℓ's row, alpha_ℓ, its parent's
-        row, the parent's alpha, the path's nodes per depth int32[D], -1 past ℓ). One
-        gather per depth into [N + 1]-sized state, none into Mb: a node whose alpha is
-        not stored yet has a parent that never lost a child (see ``step``), so its parent's
-        Mb is still the target row and ``px`` holds the value it needs. Once a row has no
-        child left the walk stays there."""
-        cur = jnp.zeros((), jnp.int32)
-        a_cur = jnp.ones((), jnp.float32)
-        par, a_par = cur, a_cur
-        path = []
-        for _ in range(depth):
-            k = removed[cur]
-            has = k < num_kids[cur]
-            c = jnp.maximum(children[cur, jnp.minimum(k, width - 1)], 0)
-            a_c = jnp.where(stored[c + 1], alpha[c + 1], accept_ratio(a_cur * px[c], qx[c]))
-            par, a_par = jnp.where(has, cur, par), jnp.where(has, a_cur, a_par)
-            cur, a_cur = jnp.where(has, c + 1, cur), jnp.where(has, a_c, a_cur)
-            path.append(jnp.where(has, c, -1))
-        return cur, a_cur, par, a_par, jnp.stack(path)
-
-    def drawn_law(node, q_row):
-        """float32[V]: q_k, the law ``node`` (traced) was drawn from, from its parent's
-        draft row ``q_row`` and its earlier siblings' tokens (as ``sibling_laws``)."""
-        if scheme == "iid":
-            return q_row
-        onehot = (iota == tokens[node]).astype(jnp.float32)
-        if scheme == "deterministic":
-            return onehot
-        tried = jnp.zeros((v,), jnp.bool_)
-        for t in range(width - 1):
-            tried = tried | (iota == sib_tok[node, t])  # -1 (no sibling) matches nothing
-        zn = z[node]
-        renorm = jnp.where(tried, 0.0, q_row) / jnp.where(zn > 0, zn, 1.0)
-        return jnp.where(exh[node], onehot, renorm)
+    t = _Walk(children, width, num_kids, depth, px, qx, tokens, sib_tok, z, exh, scheme)
 
     def step(_, state):
         mb, alpha, stored, removed, done, fin_row, fin_path = state
-        leaf, a_leaf, u, a_u, path = walk(alpha, stored, removed)
+        leaf, a_leaf, u, a_u, path = _walk(t, alpha, stored, removed)
         node = jnp.maximum(leaf - 1, 0)  # ℓ as a node (meaningless at the root)
         at_root = leaf == 0
         passed = uni[node] < a_leaf
@@ -147,7 +112,7 @@ def traversal_with_update(key, parents, tokens, target_probs, draft_probs, schem
         fin_path = jnp.where(stop, path, fin_path)
         # the rejection: one fused pass over the parent's row (masked for stopped lanes)
         row = mb[u]  # [V]
-        zr = jnp.maximum(a_u * row - drawn_law(node, Q[u]), 0.0)  # [V]
+        zr = jnp.maximum(a_u * row - _drawn_law(t, node, Q[u]), 0.0)  # [V]
         r = sum_last(zr)
         # r = 0 happens with probability 0 (it needs Mb_u = q_k and alpha_u = 1, and then
         # ℓ is accepted surely); keep the previous law rather than a zero row
@@ -187,6 +152,62 @@ def traversal_with_update(key, parents, tokens, target_probs, draft_probs, schem
     accepted_nodes = jnp.concatenate([fin_path, jnp.full((n - depth,), -1, jnp.int32)])
     num_accepted = jnp.sum(fin_path >= 0, dtype=jnp.int32)
     return accept_result(tokens, num_accepted, fin_row - 1, accepted_nodes, extra)
+
+
+class _Walk(NamedTuple):
+    """The fixed inputs of a traversal: the tree's layout and the per-node values read
+    while walking it (one row per node, computed once before the loop)."""
+
+    children: jax.Array  # int32[N + 1, K] sibling order, -1 padded
+    width: int  # K
+    num_kids: jax.Array  # int32[N + 1]
+    depth: int
+    px: jax.Array  # float32[N] the target row of each node's parent at its token
+    qx: jax.Array  # float32[N] q_k(x): the law each node was drawn from, at its token
+    tokens: jax.Array  # int32[N]
+    sib_tok: jax.Array  # int32[N, K - 1] earlier siblings' tokens, -1 padded
+    z: jax.Array  # float32[N] the untried mass of the parent's draft row
+    exh: jax.Array  # bool[N] that mass is exhausted (a point mass)
+    scheme: str
+
+
+def _walk(t: _Walk, alpha, stored, removed):
+    """From the root through first remaining children: (ℓ's row, alpha_ℓ, its parent's
+    row, the parent's alpha, the path's nodes per depth int32[D], -1 past ℓ). One gather
+    per depth into [N + 1]-sized state, none into Mb: a node whose alpha is not stored yet
+    has a parent that never lost a child (see the step of :func:`traversal_with_update`),
+    so its parent's Mb is still the target row and ``px`` holds the value it needs. Once a
+    row has no child left the walk stays there."""
+    cur = jnp.zeros((), jnp.int32)
+    a_cur = jnp.ones((), jnp.float32)
+    par, a_par = cur, a_cur
+    path = []
+    for _ in range(t.depth):
+        k = removed[cur]
+        has = k < t.num_kids[cur]
+        c = jnp.maximum(t.children[cur, jnp.minimum(k, t.width - 1)], 0)
+        a_c = jnp.where(stored[c + 1], alpha[c + 1], accept_ratio(a_cur * t.px[c], t.qx[c]))
+        par, a_par = jnp.where(has, cur, par), jnp.where(has, a_cur, a_par)
+        cur, a_cur = jnp.where(has, c + 1, cur), jnp.where(has, a_c, a_cur)
+        path.append(jnp.where(has, c, -1))
+    return cur, a_cur, par, a_par, jnp.stack(path)
+
+
+def _drawn_law(t: _Walk, node, q_row):
+    """float32[V]: q_k, the law ``node`` (traced) was drawn from, from its parent's draft
+    row ``q_row`` and its earlier siblings' tokens (as ``sibling_laws``)."""
+    if t.scheme == "iid":
+        return q_row
+    iota = jnp.arange(q_row.shape[-1], dtype=jnp.int32)
+    onehot = (iota == t.tokens[node]).astype(jnp.float32)
+    if t.scheme == "deterministic":
+        return onehot
+    tried = jnp.zeros(q_row.shape, jnp.bool_)
+    for j in range(t.width - 1):
+        tried = tried | (iota == t.sib_tok[node, j])  # -1 (no sibling) matches nothing
+    zn = t.z[node]
+    renorm = jnp.where(tried, 0.0, q_row) / jnp.where(zn > 0, zn, 1.0)
+    return jnp.where(t.exh[node], onehot, renorm)
 
 
 def _earlier_siblings(st) -> np.ndarray:

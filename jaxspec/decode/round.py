@@ -217,14 +217,7 @@ def speculative_round(
         draft_probs = prop.probs
         if draft_probs is None:  # fixed candidates: the rule reads no draft row (deterministic scheme)
             draft_probs = jnp.zeros((b, n + 1, target.config.vocab_size), jnp.float32)
-        if prop.parents is None:  # the static tree: compile-time constants
-            parents = cfg.tree.parents_array  # [N] numpy
-            full_mask = cfg.tree.full_mask  # [N + 1, N + 1]
-            depth_full = jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]  # [1, N + 1]
-        else:  # a tree per row
-            parents = prop.parents  # [B, N]
-            full_mask = jax.vmap(treelib.full_tree_mask)(parents)  # [B, N + 1, N + 1]
-            depth_full = jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1  # [B, N + 1]
+        parents, full_mask, depth_full = _tree_layout(cfg.tree, prop.parents)
 
     def verify_tree(tcache):
         with jax.named_scope("verify"):
@@ -244,17 +237,7 @@ def speculative_round(
 
     def target_step(tcache):
         """No row has a draft worth verifying: one target step, the tree skipped."""
-        tok, tcache, feat = _target_draw(target, cfg.target_warp, tcache, state.root, k_acc, temperature)
-        res = AcceptResult(  # nothing accepted; the drawn token is the extra one
-            tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
-            num_tokens=jnp.ones((b,), jnp.int32),
-            num_accepted=jnp.zeros((b,), jnp.int32),
-            accepted_nodes=jnp.full((b, n), -1, jnp.int32),
-            accepted_per_depth=jnp.zeros((b, n), jnp.int32),
-            last_node=jnp.full((b,), -1, jnp.int32),
-        )
-        feats = jnp.zeros((b, n + 1, feat.shape[-1]), feat.dtype).at[:, :1].set(feat)  # [B, N + 1, D]
-        return res, tcache, feats
+        return _tree_skipped(target, cfg.target_warp, tcache, state.root, k_acc, temperature, n)
 
     if prop.has_draft is None:
         res, tcache, feats = verify_tree(state.tcache)
@@ -274,14 +257,37 @@ def speculative_round(
         extra = jnp.take_along_axis(res.tokens, (res.num_tokens - 1)[:, None], axis=1)[:, 0]
         last_acc = jnp.take_along_axis(res.tokens, jnp.maximum(res.num_accepted - 1, 0)[:, None], axis=1)[:, 0]
         prev = jnp.where(res.num_accepted > 0, last_acc, state.root)  # the new last committed token
-        nxt = RoundState(
-            prev=jnp.where(was_active, prev, state.prev),
-            root=jnp.where(was_active, extra, state.root),
-            tcache=tcache,
-            dstate=dstate,
-            emitted=emitted,
-        )
-    return nxt, res
+    return RoundState(jnp.where(was_active, prev, state.prev), jnp.where(was_active, extra, state.root), tcache,
+                      dstate, emitted), res
+
+
+def _tree_layout(tree, parents):
+    """``(parents, full_mask, depth_full)`` of the round's tree: the static tree's
+    compile-time constants (``parents`` numpy ``[N]``, ``full_mask [N + 1, N + 1]``,
+    ``depth_full [1, N + 1]``), or, for a proposal's per-row ``parents int32[B, N]``, the
+    same per row (``[B, N + 1, N + 1]``, ``[B, N + 1]``)."""
+    if parents is None:
+        full_mask = tree.full_mask
+        return tree.parents_array, full_mask, jnp.asarray(full_mask.sum(axis=1) - 1, jnp.int32)[None, :]
+    full_mask = jax.vmap(treelib.full_tree_mask)(parents)
+    return parents, full_mask, jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1
+
+
+def _tree_skipped(target, warp: Warp, tcache: KVCache, root, keys, temperature, n: int):
+    """A round with no tree: one target step from the root; nothing accepted, the drawn
+    token is the extra one. ``(AcceptResult, cache, features [B, N + 1, D])``."""
+    b = root.shape[0]
+    tok, tcache, feat = _target_draw(target, warp, tcache, root, keys, temperature)
+    res = AcceptResult(
+        tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
+        num_tokens=jnp.ones((b,), jnp.int32),
+        num_accepted=jnp.zeros((b,), jnp.int32),
+        accepted_nodes=jnp.full((b, n), -1, jnp.int32),
+        accepted_per_depth=jnp.zeros((b, n), jnp.int32),
+        last_node=jnp.full((b,), -1, jnp.int32),
+    )
+    feats = jnp.zeros((b, n + 1, feat.shape[-1]), feat.dtype).at[:, :1].set(feat)  # [B, N + 1, D]
+    return res, tcache, feats
 
 
 def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature):
