@@ -15,6 +15,8 @@ from jaxspec.core.tree import tree_mask
 from jaxspec.nn.cache import advance
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import cache_key_positions, causal_cache_mask, tree_cache_mask, window_mask
+from flax import nnx
+
 from jaxspec.nn.model import decode_step, forward_logits, init_model, prefill
 
 # Gemma-2-like: every family field at once, windowed and global layers alternating
@@ -25,6 +27,14 @@ CFG = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidde
                   query_pre_attn_scalar=6, attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
                   rope_local_base_freq=100.0, rope_scaling={"rope_type": "linear", "factor": 2.0})
 ATOL = 2e-5
+_forward = nnx.jit(forward_logits)
+_prefill = nnx.jit(prefill, static_argnames="capacity")
+_decode = nnx.jit(decode_step)
+
+
+@nnx.jit
+def _call(model, tokens, positions, cache, mask):
+    return model(tokens, positions, cache, mask)
 
 
 def test_window_mask_literal():
@@ -43,13 +53,13 @@ def test_key_positions_of_a_tree():
 def test_decode_and_tree_verification_equal_causal_forward():
     model = init_model(CFG, jax.random.key(0))
     seq = jax.random.randint(jax.random.key(1), (1, 14), 0, CFG.vocab_size, dtype=jnp.int32)
-    ref = np.asarray(forward_logits(model, seq))  # [1, 14, V]
+    ref = np.asarray(_forward(model, seq))  # [1, 14, V]
 
     # prefill 8 tokens (past the window), then decode 3 one at a time
-    logits, cache = prefill(model, seq[:, :8], jnp.array([8]), capacity=24)
+    logits, cache = _prefill(model, seq[:, :8], jnp.array([8]), capacity=24)
     np.testing.assert_allclose(np.asarray(logits), ref[:, :8], atol=ATOL, rtol=0)
     for t in range(8, 11):
-        step, cache = decode_step(model, cache, seq[:, t])
+        step, cache = _decode(model, cache, seq[:, t])
         np.testing.assert_allclose(np.asarray(step), ref[:, t], atol=ATOL, rtol=0)
 
     # a tree over [root, a, b, c, d] after 11 committed tokens (parents -1, 0, 1, 0, -1):
@@ -60,12 +70,12 @@ def test_decode_and_tree_verification_equal_causal_forward():
     depth = np.asarray(tm).sum(axis=1) - 1
     pos = cache.lengths[:, None] + jnp.asarray(depth)[None]
     mask = tree_cache_mask(cache.lengths, tm, cache.capacity)
-    out, _ = model(toks, pos, cache, mask)  # [1, 5, V]
+    out, _ = _call(model, toks, pos, cache, mask)  # [1, 5, V]
     np.testing.assert_allclose(np.asarray(out[:, :3]), ref[:, 11:14], atol=ATOL, rtol=0)
     # off-path nodes see their own causal sequence: c after the root, d in the root's place
     for node, keep, tok in ((3, 12, 7), (4, 11, 9)):
         alt = jnp.concatenate([seq[:, :keep], jnp.array([[tok]], jnp.int32)], axis=1)
-        np.testing.assert_allclose(np.asarray(out[:, node]), np.asarray(forward_logits(model, alt))[:, keep],
+        np.testing.assert_allclose(np.asarray(out[:, node]), np.asarray(_forward(model, alt))[:, keep],
                                    atol=ATOL, rtol=0)
 
 
