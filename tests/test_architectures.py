@@ -29,13 +29,13 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """kind -> (transformers model, jaxspec model loaded from its save_pretrained folder)."""
+    """kind -> (transformers model, jaxspec model loaded from its save_pretrained folder, the folder)."""
     out = {}
     for i, kind in enumerate(KINDS):
         model = hf_model(kind, seed=10 + i)
         folder = tmp_path_factory.mktemp(kind)
         model.save_pretrained(folder, safe_serialization=True)
-        out[kind] = (model, load_model(folder))
+        out[kind] = (model, load_model(folder), folder)
     return out
 
 
@@ -70,7 +70,7 @@ def _tokens(result) -> list[int]:
 
 def test_families_configure_one_model(saved):
     """What each family adds is configuration of the one Transformer."""
-    cfg = {k: m.config for k, (_, m) in saved.items()}
+    cfg = {k: m.config for k, (_, m, _) in saved.items()}
     assert cfg["llama3"].rope_scaling.rope_type == "llama3" and cfg["yarn"].rope_scaling.rope_type == "yarn"
     assert [cfg["qwen2"].layer_window(i) for i in range(2)] == [None, 6]
     assert cfg["qwen3"].qk_norm and [cfg["qwen3"].layer_window(i) for i in range(2)] == [None, 7]
@@ -82,12 +82,12 @@ def test_families_configure_one_model(saved):
     assert g3.qk_norm and [g3.layer_window(i) for i in range(3)] == [6, None, 6]
     assert g3.layer_rope(0) == (100.0, None) and g3.layer_rope(1)[0] == 1000.0
     assert cfg["phi3"].sliding_window == 6
-    assert len({type(m) for _, m in saved.values()}) == 1
+    assert len({type(m) for _, m, _ in saved.values()}) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_logits_match_transformers(saved, kind):
-    model, ours = saved[kind]
+    model, ours, _ = saved[kind]
     ids = [PROMPT[0] * 5, list(range(40))]  # 40 tokens: past every window and the 16-token original context
     ref = _hf_logits(model, ids)
     got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
@@ -106,7 +106,7 @@ OTHER_DRAFT = {"mistral": "llama3", "qwen3": "gemma2", "gemma2": "phi3", "gemma3
 def test_greedy_generation_matches_transformers(saved, kind):
     """30 greedy tokens, target-only and tree-speculative (self draft; for OTHER_DRAFT's families a
     second model drafting too)."""
-    model, ours = saved[kind]
+    model, ours, _ = saved[kind]
     ref = _hf_greedy(model, PROMPT, N_NEW)
     assert len(ref) == N_NEW
     got = generate_autoregressive(jax.random.key(0), ours, PROMPT, max_new_tokens=N_NEW, stop_tokens=(),
@@ -122,3 +122,16 @@ def test_greedy_generation_matches_transformers(saved, kind):
         if draft is ours:  # the draft's windowed tree steps see what the target sees: every
             # round accepts the whole greedy chain (3 nodes) plus the target's own token
             assert out.summary()["tokens_per_target_call"] >= 3.5
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_bfloat16_load(saved, kind):
+    """bfloat16 parameters (Gemma's embedding scale rounded to bfloat16, as transformers does):
+    finite logits close to float32's."""
+    model, _, folder = saved[kind]
+    ours = load_model(folder, dtype="bfloat16")
+    ids = [PROMPT[0] * 5]
+    got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
+    ref = _hf_logits(model, ids)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
