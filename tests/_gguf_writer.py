@@ -164,6 +164,10 @@ def write_gguf(
     elif scaling is not None and scaling.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling["factor"])
+    elif scaling is not None and scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
+        w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     elif scaling is not None:
         raise ValueError(f"write_gguf: rope scaling {scaling!r} is not written by this test writer")
     if arch in _GEMMA:

@@ -1,4 +1,5 @@
-"""The GGUF families of issue 38 (llama with a Llama 3.1 rope, qwen2, qwen3, gemma2, gemma3):
+"""The GGUF families of issue 38 (llama with a Llama 3.1 rope and with YaRN, qwen2, qwen3, gemma2,
+gemma3):
 a tiny random ``transformers`` model written to GGUF the way llama.cpp's converter writes it
 (``tests/_gguf_writer.py``, with ``gguf.GGUFWriter``) loads with transformers' logits, within
 1e-4 in float32, on sequences longer than the windows and than the rope's original context.
@@ -19,7 +20,7 @@ from jaxspec.nn.gguf import gguf_config, load_gguf  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
 
 ATOL = 1e-4
-FAMILIES = {"llama3": "llama", "qwen2-gguf": "qwen2", "qwen3-gguf": "qwen3", "gemma2-gguf": "gemma2",
+FAMILIES = {"llama3": "llama", "yarn": "llama", "qwen2-gguf": "qwen2", "qwen3-gguf": "qwen3", "gemma2-gguf": "gemma2",
             "gemma3-gguf": "gemma3"}  # HF model kind -> general.architecture
 
 
@@ -54,6 +55,7 @@ def test_gguf_logits_match_transformers(written, kind):
 def test_gguf_family_configs(written):
     cfg = {k: gguf_config(p) for k, (_, p) in written.items()}
     assert cfg["llama3"].rope_scaling.rope_type == "freq_factors"
+    assert cfg["yarn"].rope_scaling.to_hf() == {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16}
     assert cfg["qwen2-gguf"].attention_bias and cfg["qwen3-gguf"].qk_norm
     g2, g3 = cfg["gemma2-gguf"], cfg["gemma3-gguf"]
     assert (g2.attn_logit_softcapping, g2.final_logit_softcapping, g2.query_pre_attn_scalar) == (5.0, 8.0, 16.0)

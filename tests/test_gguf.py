@@ -207,11 +207,18 @@ def test_refuses_unexpected_and_non_finite_tensors(tmp_path):
 
 
 def test_rope_scaling_and_window_metadata(tmp_path):
-    """Linear rope scaling and a sliding window load; other scaling types are refused by name."""
+    """Linear rope scaling and a sliding window load (YaRN: tests/test_architectures_gguf.py);
+    other scaling types, and YaRN knobs Hugging Face's YaRN lacks, are refused by name."""
     cfg = ModelConfig(**SMALL, attention_bias=True)
     tensors = _hf_tensors(cfg)
+    write_gguf(tmp_path / "long.gguf", tensors, config_to_hf(cfg), metadata={"llama.rope.scaling.type": "longrope"})
+    _raises("llama.rope.scaling.type = 'longrope' is not supported", gguf_config, tmp_path / "long.gguf")
     write_gguf(tmp_path / "yarn.gguf", tensors, config_to_hf(cfg), metadata={"llama.rope.scaling.type": "yarn"})
-    _raises("llama.rope.scaling.type = 'yarn' is not supported", gguf_config, tmp_path / "yarn.gguf")
+    _raises("missing metadata key 'llama.rope.scaling.original_context_length'", gguf_config, tmp_path / "yarn.gguf")
+    write_gguf(tmp_path / "yarn2.gguf", tensors, config_to_hf(cfg), metadata={
+        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+        "llama.rope.scaling.original_context_length": 32, "llama.rope.scaling.yarn_log_multiplier": 0.1})
+    _raises("yarn_log_multiplier = 0.1.* not supported", gguf_config, tmp_path / "yarn2.gguf")
     write_gguf(tmp_path / "lin.gguf", tensors, config_to_hf(cfg),
                metadata={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
     assert gguf_config(tmp_path / "lin.gguf").rope_scaling.to_hf() == {"rope_type": "linear", "factor": 4.0}

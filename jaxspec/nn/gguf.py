@@ -145,13 +145,15 @@ def _rope(arch: str, meta: Mapping[str, Any], head_dim: int, tensors: Mapping[st
         )
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
-    if kind not in (None, "none", "linear"):
+    if kind not in (None, "none", "linear", "yarn"):
         raise ValueError(
-            f"{arch}.rope.scaling.type = {kind!r} is not supported; expected 'none' or 'linear'"
+            f"{arch}.rope.scaling.type = {kind!r} is not supported; expected 'none', 'linear' or 'yarn'"
         )
     scaling = None
     if (kind == "linear" or kind is None) and factor not in (None, 1.0):
         scaling = RopeScaling(rope_type="linear", factor=factor)
+    if kind == "yarn":
+        scaling = _yarn(arch, meta, factor)
     if "rope_freqs.weight" in tensors:
         if scaling is not None:
             raise ValueError(f"{arch}: both linear rope scaling and a rope_freqs.weight tensor; expected one")
@@ -161,6 +163,21 @@ def _rope(arch: str, meta: Mapping[str, Any], head_dim: int, tensors: Mapping[st
                              f"expected F32 with head_dim / 2 = {head_dim // 2} values")
         scaling = RopeScaling(rope_type="freq_factors", factors=tuple(np.asarray(t.data, np.float32).tolist()))
     return {"rope_theta": meta.get(f"{arch}.rope.freq_base", 10000.0), "rope_scaling": scaling}
+
+
+def _yarn(arch: str, meta: Mapping[str, Any], factor) -> RopeScaling:
+    """The converter's YaRN keys as the Hugging Face YaRN they came from (``factor``,
+    ``original_context_length``, the optional betas); llama.cpp-only knobs that change it
+    (a log multiplier, an attention factor other than 1) are refused by name."""
+    for key, neutral in (("yarn_log_multiplier", 0.0), ("attn_factor", 1.0), ("yarn_attn_factor", 1.0),
+                         ("yarn_ext_factor", None)):
+        v = meta.get(f"{arch}.rope.scaling.{key}")
+        if v is not None and v != neutral:
+            raise ValueError(f"{arch}.rope.scaling.{key} = {v!r} is not supported with yarn; expected it absent")
+    return RopeScaling(rope_type="yarn", factor=factor,
+                       original_max_position_embeddings=_require(meta, f"{arch}.rope.scaling.original_context_length"),
+                       beta_fast=meta.get(f"{arch}.rope.scaling.yarn_beta_fast"),
+                       beta_slow=meta.get(f"{arch}.rope.scaling.yarn_beta_slow"))
 
 
 def _llama_kwargs(meta: Mapping[str, Any], tensors: Mapping[str, Any], arch: str = "llama") -> dict[str, Any]:
