@@ -18,9 +18,14 @@ transposed to jaxspec's ``[in, out]`` kernels)::
     blk.{i}.attn_{q,k,v,output}.weight   T        layers[i].self_attn.{q,k,v,o}_proj.kernel
     blk.{i}.attn_{q,k,v}.bias            [H*hd]   layers[i].self_attn.{q,k,v}_proj.bias (attention_bias)
     blk.{i}.ffn_norm.weight              [D]      layers[i].post_attention_layernorm.weight
+                                                  (sandwich norms: pre_feedforward_layernorm)
     blk.{i}.ffn_{gate,up,down}.weight    T        layers[i].mlp.{gate,up,down}_proj.kernel
+    blk.{i}.attn_{q,k}_norm.weight       [hd]     layers[i].self_attn.{q,k}_norm.weight (qwen3, gemma3)
+    blk.{i}.post_attention_norm.weight   [D]      layers[i].post_attention_layernorm.weight (gemma2/3)
+    blk.{i}.post_ffw_norm.weight         [D]      layers[i].post_feedforward_layernorm.weight (gemma2/3)
     output_norm.weight                   [D]      norm.weight
     output.weight                        T [V, D] lm_head.kernel   (absent: tied embeddings)
+    rope_freqs.weight                    [hd/2]   config.rope_scaling (freq_factors: Llama 3.1's rope)
 
 llama.cpp's converter permutes the rows of Q and K (weights and biases) of ``llama`` files
 for its rotary layout (:func:`undo_llama_permute` undoes it; :data:`QK_PERMUTED_ARCHITECTURES`
