@@ -1,4 +1,7 @@
-"""Model configuration: a frozen dataclass whose field names mirror Hugging Face ``LlamaConfig``.
+"""Model configuration: a frozen dataclass whose field names mirror Hugging Face ``LlamaConfig``,
+plus the fields in which other families differ from Llama (rope scaling, norm kind, q/k norms,
+activation, soft caps, sliding windows per layer; see :class:`ModelConfig`). A family is a
+choice of these fields (:mod:`jaxspec.nn.families`), never a separate forward.
 
 Example::
 
@@ -6,6 +9,8 @@ Example::
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     cfg.head_dim            # 8 (hidden_size // num_attention_heads)
     ModelConfig.from_dict(json.load(open("config.json")))   # HF keys; unknown keys ignored
+    ModelConfig(..., sliding_window=4096, layer_types=["sliding_attention", "full_attention"] * 13)
+    cfg.layer_window(0), cfg.layer_rope(0)                   # 4096, (rope_theta, rope_scaling)
     cfg.eos_token_ids       # () here; (257,) for the embedded models (config.json's eos_token_id)
 
 Validation happens once, in ``__post_init__`` (plain Python, before any tracing); every
