@@ -61,9 +61,12 @@ def test_mutant_exits_1_with_a_readable_summary(capsys):
          "error: --draft: load_model: unknown model 'no-such-model'"),
         (["--prompt", "1,9"], "prompt[1] = 9"),
         (["--prompt", "hello"], "--prompt 'hello'"),
-        (["--horizon", "12"], "error: --horizon = 12: the target's 4 tokens give 4**12 joint cells"),
-        (["--horizon", "20"], "pass --top-k K"),
-        (["--horizon", "1" + "0" * 30], "--horizon = 1" + "0" * 30),
+        (["--horizon", "12"], "error: no --top-k and --horizon 12: the target's 4 tokens give up to 4**12 = 16777216 "
+                              "joint cells"),
+        (["--horizon", "20"], "expected a top_k with top_k**horizon <= 1048576, or a smaller horizon"),
+        (["--horizon", "1" + "0" * 30], "--horizon 1" + "0" * 30 + ": the target's 4 tokens give up to 4**1"),
+        (["--horizon", "13", "--top-k", "3"], "--top-k 3 and --horizon 13: min(top_k, the target's 4 tokens) give up "
+                                              "to 3**13 = 1594323"),
         (["--seed", str(2**32)], f"argument --seed: expected an integer in [0, 2**32), got '{2**32}'"),
         (["--seed", "-1"], "argument --seed: expected an integer in [0, 2**32), got '-1'"),
         (["--samples", "10**30"], "argument --samples: expected a positive integer <= 1e12 (10**12), got '10**30'"),

@@ -45,6 +45,7 @@ FLAGS = {
     "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
     "max_new_tokens": "--max-new-tokens", "tree": "--tree", "scheme": "--scheme", "rule": "--rule",
     "mesh": "--mesh", "draft": "--draft", "auto": "--tree auto", "draft_sampling": "--draft-temperature",
+    "horizon": "--horizon",
 }
 
 
@@ -148,6 +149,8 @@ def in_flags(e, args: argparse.Namespace | None = None, flags: dict[str, str] | 
             return f"{name} = {value!r}"
         if value is True:  # a switch: the flag says it
             return flag
+        if value is None:  # a flag not given
+            return f"no {flag}"
         given = getattr(args, name, None) if args is not None and name in FLAGS else None
         shown = value if given is None else given
         if isinstance(shown, dict):  # --mesh data=2,model=4

@@ -230,8 +230,7 @@ def _laws(args, dynamic: bool):
 def _run(args: argparse.Namespace) -> int:
     from jaxspec.core.treespec import DynamicTree, parse_tree
     from jaxspec.decode.combinations import check_settings
-    from jaxspec.exactness.exact_laws import cells_bound
-    from jaxspec.exactness.harness import DEFAULT_TREE, MAX_CELLS, MUTANT_CONFIG, verify
+    from jaxspec.exactness.harness import DEFAULT_TREE, MUTANT_CONFIG, verify
     from jaxspec.exactness.mutants import MUTANT_RULE
 
     if (args.target is None) != (args.draft is None):
@@ -258,18 +257,6 @@ def _run(args: argparse.Namespace) -> int:
     vocab = target.config.vocab_size
     prompt = _parse_prompt(args.prompt, vocab, args.target)
     h = args.horizon
-    if args.top_k is None and args.temperature != 0 and vocab > 1 and (h > 64 or vocab**h > MAX_CELLS):
-        raise CLIError(
-            f"--horizon = {h}: the target's {vocab} tokens give {vocab}**{h} joint cells, more than "
-            f"{MAX_CELLS}; pass --top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
-        )
-    k = vocab if args.top_k is None else min(vocab, args.top_k)
-    if args.top_k is not None and cells_bound(vocab, h, temperature=args.temperature, top_k=k) > MAX_CELLS:
-        raise CLIError(  # known from the flags: refused before the exact law is enumerated
-            f"--top-k {args.top_k} and --horizon {h}: up to {k}**{h}{f' = {k**h}' if h <= 64 else ''} joint "
-            f"cells (min(--top-k, the target's {vocab} tokens) at each position), more than {MAX_CELLS}; pass "
-            f"--top-k K with K**{h} <= {MAX_CELLS}, or a smaller --horizon"
-        )
     try:
         report = verify(
             target, draft, tree=args.tree, scheme=args.scheme, rule=args.rule, sampling=sampling,
@@ -281,8 +268,7 @@ def _run(args: argparse.Namespace) -> int:
     except SettingError:
         raise  # named by flag by the command line's main
     except ValueError as e:
-        raise CLIError(str(e).replace("sampling.top_k = None", "no --top-k").replace("sampling.top_k", "--top-k")
-                       .replace("pass a Sampling with a top_k", "pass --top-k K")) from None
+        raise CLIError(str(e)) from None
     print(report.to_json() if args.json else report.summary())
     if args.plots is not None:
         for path in report.save_plots(args.plots):

@@ -81,8 +81,9 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.checks import is_int
+from jaxspec.errors import SettingError
 from jaxspec.core import rules
-from jaxspec.core.settings import Sampling
+from jaxspec.core.settings import Sampling, check_sampling
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
@@ -417,8 +418,8 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
         tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
+    _check_cells(check_sampling("sampling", sampling, Sampling()), v, horizon)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
-    _check_cells(setup, v, horizon)
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         label = mutants.MUTANT_RULE[mutant]
         kinds = ("chain",) if label == "block" else ("chain", "tree")
@@ -433,17 +434,18 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
                 setup, mesh, devices, chunk)
 
 
-def _check_cells(setup: _Setup, v: int, horizon: int) -> None:
-    """Refuse a law with more than :data:`MAX_CELLS` cells from its bound, before enumerating."""
-    top_k = setup.target_warp["top_k"]
-    if top_k is None and setup.temperature != 0.0 and v**horizon > MAX_CELLS:
-        raise ValueError(f"sampling.top_k = None: vocab_size**horizon = {v}**{horizon} cells exceed {MAX_CELLS}; "
-                         "pass a Sampling with a top_k, so that top_k**horizon cells are countable")
+def _check_cells(law: Sampling, v: int, horizon: int) -> None:
+    """Refuse a law with more than :data:`MAX_CELLS` cells from its bound, before anything
+    is built or enumerated."""
+    top_k = law.top_k
     k = min(v, top_k or v)
-    if cells_bound(v, horizon, temperature=setup.temperature, top_k=k) > MAX_CELLS:
-        raise ValueError(f"sampling.top_k = {top_k}, horizon = {horizon}: {k}**{horizon}"
-                         f"{f' = {k**horizon}' if horizon <= 64 else ''} joint cells, more than MAX_CELLS = "
-                         f"{MAX_CELLS}; pass a smaller top_k or horizon")
+    if cells_bound(v, horizon, temperature=law.temperature, top_k=k) <= MAX_CELLS:
+        return
+    count = f"{k}**{horizon}{f' = {k**horizon}' if horizon <= 64 else ''}"
+    whose = f"the target's {v} tokens give" if top_k is None else f"min(top_k, the target's {v} tokens) give"
+    raise SettingError({"top_k": top_k, "horizon": horizon},
+                       f"{whose} up to {count} joint cells, more than MAX_CELLS = {MAX_CELLS}; expected a top_k with "
+                       f"top_k**horizon <= {MAX_CELLS}, or a smaller horizon")
 
 
 def _placement(setup: _Setup, target, mesh, devices) -> tuple[_Setup, object, tuple]:
