@@ -76,7 +76,12 @@ def cache_key_positions(lengths, positions, S: int) -> jax.Array:
     writes ``positions int32[B, T]`` at slots ``lengths[b] + t``. Committed slots hold
     position = slot (prompts start at position 0 and commits keep the prefix contiguous); a
     new token's slot holds its own position (its tree depth for a tree node); slots past
-    them hold the slot index (the caller's mask hides them)."""
+    them hold the slot index (the caller's mask hides them).
+
+    A draft that forwards its tree level by level (``lengths`` advanced past the earlier
+    levels' scratch slots) has those nodes labelled by slot, at or above their true position:
+    the same window while the tree is shallower than it. Verification, whose ``lengths`` is
+    the committed length, is exact at any depth."""
     lengths = jnp.asarray(lengths, jnp.int32)  # [B]
     positions = jnp.asarray(positions, jnp.int32)  # [B, T]
     t = positions.shape[1]
