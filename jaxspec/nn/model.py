@@ -27,7 +27,8 @@ residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits 
 float32. Masked scores use the most negative float32, so a fully masked row yields a
 uniform average over the cache instead of NaN.
 
-Parameter names map 1:1 onto Hugging Face Llama / Qwen2 tensors (Linear kernels are
+Parameter names map 1:1 onto Hugging Face tensors of every family (Phi-3's fused projections
+are split on load) (Linear kernels are
 stored ``[in, out]``, i.e. the transpose of HF ``weight``)::
 
     model.embed_tokens.weight                   embed_tokens.embedding        [V, D]
@@ -37,6 +38,8 @@ stored ``[in, out]``, i.e. the transpose of HF ``weight``)::
     model.layers.{i}.mlp.{gate,up,down}_proj.weight   layers[i].mlp.{gate,up,down}_proj.kernel (T)
     model.layers.{i}.input_layernorm.weight     layers[i].input_layernorm.weight
     model.layers.{i}.post_attention_layernorm.weight  layers[i].post_attention_layernorm.weight
+    model.layers.{i}.self_attn.{q,k}_norm.weight      layers[i].self_attn.{q,k}_norm.weight (qk_norm)
+    model.layers.{i}.{pre,post}_feedforward_layernorm.weight  layers[i]... (sandwich_norm)
     model.norm.weight                           norm.weight
     lm_head.weight                              lm_head.kernel (T)   (absent when tied)
 
