@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.nn.checkpoint import load_model  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
+from jaxspec.core.settings import Sampling  # noqa: E402
 
 from _hf_families import KINDS, PROMPT, hf_model  # noqa: E402
 
@@ -51,16 +52,8 @@ def _hf_greedy(model, ids, n: int) -> list[int]:
     return out[0, len(ids[0]):].tolist()
 
 
-def _greedy() -> dict:
-    """Greedy decoding's keyword: ``sampling=Sampling(temperature=0)`` where generate takes a
-    Sampling, ``temperature=0`` where it still takes the warp arguments."""
-    import inspect
-
-    if "sampling" in inspect.signature(generate).parameters:
-        from jaxspec.core.settings import Sampling
-
-        return {"sampling": Sampling(temperature=0)}
-    return {"temperature": 0}
+#: greedy decoding
+GREEDY = {"sampling": Sampling(temperature=0)}
 
 
 def _tokens(result) -> list[int]:
@@ -110,14 +103,14 @@ def test_greedy_generation_matches_transformers(saved, kind):
     ref = _hf_greedy(model, PROMPT, N_NEW)
     assert len(ref) == N_NEW
     got = generate_autoregressive(jax.random.key(0), ours, PROMPT, max_new_tokens=N_NEW, stop_tokens=(),
-                                  **_greedy())
+                                  **GREEDY)
     assert _tokens(got) == ref
     drafts = [ours]
     if kind in OTHER_DRAFT:  # a second model drafting: rejected branches, partial commits under windows
         drafts.append(saved[OTHER_DRAFT[kind]][1])
     for draft in drafts:
         out = generate(jax.random.key(1), ours, draft, PROMPT, tree="branch:2,2,1", scheme="deterministic",
-                       max_new_tokens=N_NEW, stop_tokens=(), **_greedy())
+                       max_new_tokens=N_NEW, stop_tokens=(), **GREEDY)
         assert _tokens(out)[:N_NEW] == ref
         if draft is ours:  # the draft's windowed tree steps see what the target sees: every
             # round accepts the whole greedy chain (3 nodes) plus the target's own token

@@ -22,6 +22,7 @@ from jaxspec.cli import main  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.nn.model import forward_logits, init_model  # noqa: E402
+from jaxspec.core.settings import Sampling  # noqa: E402
 
 V = 64
 SIZES = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -66,16 +67,8 @@ def _hf_greedy(model, ids, n: int) -> list[int]:
     return out[0, len(ids[0]):].tolist()
 
 
-def _greedy() -> dict:
-    """Greedy decoding's keyword: ``sampling=Sampling(temperature=0)`` where generate takes a
-    Sampling, ``temperature=0`` where it still takes the warp arguments."""
-    import inspect
-
-    if "sampling" in inspect.signature(generate).parameters:
-        from jaxspec.core.settings import Sampling
-
-        return {"sampling": Sampling(temperature=0)}
-    return {"temperature": 0}
+#: greedy decoding
+GREEDY = {"sampling": Sampling(temperature=0)}
 
 
 def _jax_tokens(result) -> list[int]:
@@ -118,7 +111,7 @@ def test_greedy_generation_matches_transformers(saved, kind):
     model, folder = saved[kind]
     ref = _hf_greedy(model, PROMPT, 20)
     ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, stop_tokens=(),
-                                   **_greedy())  # as transformers with eos_token_id=None
+                                   **GREEDY)  # as transformers with eos_token_id=None
     assert _jax_tokens(ours) == ref
     assert len(ref) == 20
 
@@ -130,7 +123,7 @@ def test_speculative_greedy_matches_transformers(saved):
     ref = _hf_greedy(model, PROMPT, 20)
     target, draft = load_model(folder), load_model(saved["llama-tied"][1])
     out = generate(jax.random.key(0), target, draft, PROMPT, tree="branch:2,1", scheme="deterministic",
-                   max_new_tokens=20, stop_tokens=(), **_greedy())
+                   max_new_tokens=20, stop_tokens=(), **GREEDY)
     assert _jax_tokens(out)[:20] == ref
 
 
@@ -179,5 +172,5 @@ def test_cli_export_default_target(tmp_path, capsys):
     n = 12
     hf.generation_config.eos_token_id = None
     ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, stop_tokens=(),
-                                   **_greedy())
+                                   **GREEDY)
     assert _jax_tokens(ours) == _hf_greedy(hf, ids, n)
