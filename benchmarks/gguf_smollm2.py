@@ -64,6 +64,7 @@ def measure_decode(new_tokens: int, turns: int) -> dict:
     import numpy as np
 
     from jaxspec.bench.common import interleaved_turns
+    from jaxspec.core.settings import Sampling
     from jaxspec.decode.generate import generate, generate_autoregressive
     from jaxspec.decode.ngram import NgramDraft
     from jaxspec.nn.checkpoint import load_model
@@ -78,7 +79,7 @@ def measure_decode(new_tokens: int, turns: int) -> dict:
             def call(model, mode=mode, temperature=temperature):
                 def f(i):
                     key = jax.random.key(max(i, 0))
-                    common = dict(max_new_tokens=new_tokens, temperature=temperature, stop_tokens=())
+                    common = dict(max_new_tokens=new_tokens, sampling=Sampling(temperature=temperature), stop_tokens=())
                     if mode == "target_only":
                         return generate_autoregressive(key, model, [prompt], **common)
                     return generate(key, model, NgramDraft(), [prompt], tree="chain:4", **common)

@@ -57,11 +57,12 @@ def measure(prompts: list[list[int]], temperatures, new_tokens: int, turns: int,
         scheme = sibling_scheme(TREE, temp)
         for p_idx, ids in enumerate(prompts):
             def ar(i, ids=ids, temp=temp):
-                return jaxspec.generate_autoregressive(jax.random.key(1000 + i), target, [ids], temperature=temp, **kw)
+                return jaxspec.generate_autoregressive(jax.random.key(1000 + i), target, [ids],
+                                                       sampling=jaxspec.Sampling(temperature=temp), **kw)
 
             def spec(d, ids=ids, temp=temp):
                 return lambda i: jaxspec.generate(jax.random.key(2000 + i), target, d, [ids], tree=TREE,
-                                                  scheme=scheme, temperature=temp, **kw)
+                                                  scheme=scheme, sampling=jaxspec.Sampling(temperature=temp), **kw)
 
             fns = {"target-only": ar, f"draft {TREE}": spec(draft)}
             fns.update({f"layers:{k} {TREE}": spec(LayerSkipDraft(k)) for k in layers})

@@ -62,9 +62,10 @@ def main(argv=None) -> int:
         for temp in (0.0, 1.0):
             fns = {
                 "speculative": lambda i, t=temp, mesh=mesh: jaxspec.generate(
-                    jax.random.key(i + 10), target, draft, prompts, tree="chain:4", temperature=t, mesh=mesh, **kw),
+                    jax.random.key(i + 10), target, draft, prompts, tree="chain:4",
+                    sampling=jaxspec.Sampling(temperature=t), mesh=mesh, **kw),
                 "target_only": lambda i, t=temp, mesh=mesh: jaxspec.generate_autoregressive(
-                    jax.random.key(i + 10), target, prompts, temperature=t, mesh=mesh, **kw),
+                    jax.random.key(i + 10), target, prompts, sampling=jaxspec.Sampling(temperature=t), mesh=mesh, **kw),
             }
             times, outs = interleaved_turns(fns, turns)
             med = medians(times)
@@ -100,8 +101,9 @@ def main(argv=None) -> int:
                 def run(mesh, temp=temp, mode=mode):
                     if mode == "speculative":
                         return jaxspec.generate(jax.random.key(99), target, draft, big, tree="chain:4",
-                                                temperature=temp, mesh=mesh, **kw)
-                    return jaxspec.generate_autoregressive(jax.random.key(99), target, big, temperature=temp,
+                                                sampling=jaxspec.Sampling(temperature=temp), mesh=mesh, **kw)
+                    return jaxspec.generate_autoregressive(jax.random.key(99), target, big,
+                                                           sampling=jaxspec.Sampling(temperature=temp),
                                                            mesh=mesh, **kw)
                 a, b = np.asarray(run(None).tokens), np.asarray(run(mesh).tokens)
                 differ = ~(a == b).all(axis=1)

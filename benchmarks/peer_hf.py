@@ -96,11 +96,11 @@ def main(argv=None) -> int:
     def ours(ids, temp, seed, speculative, m=m, drafter=draft):
         key = jax.random.key(seed)
         if speculative:
-            out = jaxspec.generate(key, target, drafter, [ids], max_new_tokens=m, tree="chain:4", temperature=temp,
-                                   stop_tokens=())
+            out = jaxspec.generate(key, target, drafter, [ids], max_new_tokens=m, tree="chain:4",
+                                   sampling=jaxspec.Sampling(temperature=temp), stop_tokens=())
         else:
-            out = jaxspec.generate_autoregressive(key, target, [ids], max_new_tokens=m, temperature=temp,
-                                                  stop_tokens=())
+            out = jaxspec.generate_autoregressive(key, target, [ids], max_new_tokens=m,
+                                                  sampling=jaxspec.Sampling(temperature=temp), stop_tokens=())
         return np.asarray(jax.block_until_ready(out.tokens))[0].tolist()
 
     def timed_turns(fns, ids, temp, m):

@@ -40,7 +40,7 @@ def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
     res = {}
     for temp in temperatures:
         for tree in TREES:
-            kw = dict(max_new_tokens=10, tree=tree, temperature=temp, stop_tokens=(5,))
+            kw = dict(max_new_tokens=10, tree=tree, sampling=jaxspec.Sampling(temperature=temp), stop_tokens=(5,))
             ref = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, **kw)
             for shape in [m for t, m in cases if t == tree]:
                 out = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, mesh=jaxspec.make_mesh(*shape), **kw)
@@ -48,20 +48,20 @@ def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
                     "ref": tokens(ref), "mesh": tokens(out),
                     "ref_lengths": np.asarray(ref.lengths).tolist(), "lengths": np.asarray(out.lengths).tolist(),
                 }
-        kw = dict(max_new_tokens=10, temperature=temp, stop_tokens=(5,))
+        kw = dict(max_new_tokens=10, sampling=jaxspec.Sampling(temperature=temp), stop_tokens=(5,))
         ref = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, **kw)
         out = jaxspec.generate_autoregressive(jax.random.key(7), TARGET, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
         res[f"target-only T={temp} mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
     # a drafter written against the protocol alone (tests/_user_drafter.py): its params replicated
     user = bigram_from(TARGET)
-    kw = dict(max_new_tokens=10, tree="branch:2,2", temperature=1.0, stop_tokens=(5,))
+    kw = dict(max_new_tokens=10, tree="branch:2,2", sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=(5,))
     ref = jaxspec.generate(jax.random.key(7), TARGET, user, PROMPTS, **kw)
     out = jaxspec.generate(jax.random.key(7), TARGET, user, PROMPTS, mesh=jaxspec.make_mesh(2, 4), **kw)
     res["user drafter branch:2,2 T=1.0 mesh=(2, 4)"] = {"ref": tokens(ref), "mesh": tokens(out)}
     if cases == DEFAULT_CASES:
         return res
     ng = jaxspec.NgramDraft()
-    kw = dict(max_new_tokens=10, tree="chain:3", temperature=0.0, stop_tokens=())
+    kw = dict(max_new_tokens=10, tree="chain:3", sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
     rep = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5]]
     ref = jaxspec.generate(jax.random.key(7), TARGET, ng, rep, **kw)
     out = jaxspec.generate(jax.random.key(7), TARGET, ng, rep, mesh=jaxspec.make_mesh(2, 4), **kw)
@@ -74,7 +74,7 @@ def streamed() -> dict:
     sees the caller's 6 rows, not the 8 the data axis of 4 pads them to."""
     res = {}
     for mode in ("speculative", "target-only"):
-        kw = dict(max_new_tokens=10, temperature=1.0, stop_tokens=(5,))
+        kw = dict(max_new_tokens=10, sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=(5,))
         if mode == "speculative":
             def run(**extra):
                 return jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, tree="chain:3", **kw, **extra)

@@ -30,7 +30,7 @@ if __name__ == "__main__":
     target, draft = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1)
     mesh = jaxspec.make_mesh(2, 2)
     out = jaxspec.generate(jax.random.key(7), target, draft, PROMPTS, max_new_tokens=8, tree="branch:2,2",
-                           temperature=1.0, stop_tokens=(), mesh=mesh)
+                           sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=(), mesh=mesh)
     print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
                       "devices": jax.device_count(), "local_devices": jax.local_device_count(),
                       "tokens": np.asarray(out.tokens).tolist()}), flush=True)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxspec import Sampling
 from jaxspec.tuning import autotree
 from jaxspec.tuning.autotree import (
     AutoTreeResult,
@@ -191,7 +192,7 @@ def test_median_seconds_warms_up_then_takes_median_per_loop(monkeypatch):
 
 def _auto(pair, tmp_path, **kw):
     target, draft = pair
-    args = dict(scheme="deterministic", temperature=1.0, budgets=(1, 3), max_depth=2,
+    args = dict(scheme="deterministic", sampling=Sampling(temperature=1.0), budgets=(1, 3), max_depth=2,
                 held_out_tokens=STREAM, num_windows=4, window_len=32, loops=2, repeats=1,
                 context_len=64, cache_dir=tmp_path, progress=False)
     args.update(kw)
@@ -218,7 +219,7 @@ def test_cache_miss_hit_retune(pair, tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="must not measure"):
         _auto(pair, tmp_path, retune=True)
     with pytest.raises(AssertionError, match="must not measure"):  # other settings: a miss
-        _auto(pair, tmp_path, temperature=0.5)
+        _auto(pair, tmp_path, sampling=Sampling(temperature=0.5))
     with pytest.raises(AssertionError, match="must not measure"):  # other held-out text
         _auto(pair, tmp_path, held_out_tokens=STREAM[::-1].copy())
     with pytest.raises(AssertionError, match="must not measure"):  # another rule: other round costs
@@ -249,7 +250,8 @@ def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
         (dict(budgets=[65]), r"budgets: 65 nodes could need more than vocab_size = 64"),
         (dict(scheme="iid"), r"key: scheme='iid' draws siblings at random"),
         (dict(max_depth=0), r"max_depth: expected an integer >= 1, got 0"),
-        (dict(temperature=-1.0), r"temperature"),
+        (dict(sampling=0.5), r"^sampling = 0.5: expected a jaxspec.Sampling, e.g. jaxspec.Sampling\(temperature=0.5\)"),
+        (dict(draft_sampling=dict(top_k=2)), r"^draft_sampling = \{'top_k': 2\}: expected a jaxspec.Sampling"),
         (dict(context_len=4), r"context_len: expected 6 <= context_len <= 128"),
         (dict(context_len=500), r"context_len: expected 6 <= context_len <= 128"),
         (dict(window_len=200), r"window_len: 200 exceeds max_position_embeddings = 128"),
@@ -258,9 +260,10 @@ def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
         (dict(held_out_tokens=STREAM[:8]), r"held_out_tokens: 8 tokens; expected at least"),
         (dict(held_out_tokens=None), r"held_out_tokens: required for a vocabulary of 64 tokens"),
         (dict(batch_size=0), r"batch_size: expected an integer >= 1, got 0"),
-        (dict(rule="block"), r"rule = 'block': expected one of 'auto', 'token', 'traversal'; rule='block' "
-                             r"verifies chains only"),
-        (dict(rule="greedy"), r"rule = 'greedy': expected one of 'auto', 'token', 'traversal'$"),
+        (dict(rule="block"), r"^auto = True and rule = 'block': a tree is chosen among branching trees and chains "
+                             r"by timing named rules; expected rule 'auto' \(block verification on the chains among "
+                             r"them\), 'token' or 'traversal' \(or a chain such as 'chain:4' with rule 'block'"),
+        (dict(rule="greedy"), r"^auto = True and rule = 'greedy': .*expected rule 'auto'"),
     ],
 )
 def test_auto_tree_validation(pair, tmp_path, kwargs, match):

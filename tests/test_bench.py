@@ -382,8 +382,9 @@ def test_compile_generate_tiny(tmp_path):
 def test_compile_process_rows_second_processes_load_the_first_ones_programs():
     """The command line's first and second processes over one fresh cache per store
     (target-only, 4 tokens): with either store, the second process on the same prompt and
-    the one on a prompt of another length in the bucket store nothing new; only the default
-    store keeps traced programs; the rows carry what the table prints."""
+    the one on a prompt of another length in the bucket store nothing new; only the first
+    store (``$JAXSPEC_PROGRAM_STORE=on``) keeps traced programs; the rows carry what the
+    table prints."""
     from jaxspec.bench import compile_time
 
     on, off = compile_time.STORES

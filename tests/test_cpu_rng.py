@@ -65,7 +65,7 @@ def draws(key):
 target, draft = default_pair(0, vocab_size=32, hidden_size=16)
 def decode():
     return jaxspec.generate(jax.random.key(5), target, draft, [[1, 2, 3], [4]], max_new_tokens=12,
-                            tree="branch:2,1", temperature=1.0, stop_tokens=())
+                            tree="branch:2,1", sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=())
 
 key = jax.random.key(42)
 loops_before = jax.jit(lambda k: jax.random.split(k, 3)).lower(key).compile().as_text().count(" while(")

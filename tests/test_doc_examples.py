@@ -137,8 +137,8 @@ def test_sampling_module_example():
 
 
 def test_sampling_validate_warp_args():
-    msg = "temperature: expected a finite number >= 0 (0 means greedy), got -1.0"
-    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+    msg = "temperature = -1.0: expected a finite number >= 0 (0 means greedy)"
+    with pytest.raises(jaxspec.SettingError, match=f"^{re.escape(msg)}$"):
         validate_warp_args(temperature=-1.0)
 
 
@@ -196,7 +196,7 @@ def test_autotree_module_example(monkeypatch, tmp_path):
                         autotree.RoundCost(1e-3, 1e-3 + 1e-4 * tree.num_nodes))
 
     def example():
-        return jaxspec.auto_tree(target, draft, scheme="deterministic", temperature=1.0,
+        return jaxspec.auto_tree(target, draft, scheme="deterministic", sampling=jaxspec.Sampling(temperature=1.0),
                                  budgets=(2, 4, 8), max_depth=6, key=jax.random.key(0))
 
     target = jaxspec.load_model("default-target")

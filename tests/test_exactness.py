@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxspec import Sampling
+from jaxspec.core.settings import draft_law
 from jaxspec.exactness import exact_laws
 from jaxspec.exactness import harness as exactness
 from jaxspec.exactness import mutants, power
@@ -46,6 +48,22 @@ MUTANT_THRESH = 1e-6
 #: token-rule mutant has something to break), the unpadded program (cheaper per sample; the
 #: padded one's tokens are the same, tests/test_prompt_bucket.py)
 BRANCHING = dict(tree="branch:2,2", scheme="iid", prompt_bucket=None)
+
+_WARP_FIELDS = ("temperature", "top_k", "top_p")
+
+
+def _api(kw: dict) -> dict:
+    """A case's settings as the library takes them: its ``temperature``, ``top_k`` and
+    ``top_p`` as ``sampling``, its ``draft_*`` ones as ``draft_sampling`` (a whole law: the
+    fields it leaves out are Sampling's defaults, not the target's)."""
+    kw = dict(kw)
+    law = {k: kw.pop(k) for k in _WARP_FIELDS if k in kw}
+    draft = {k: kw.pop(f"draft_{k}") for k in _WARP_FIELDS if f"draft_{k}" in kw}
+    if law:
+        kw["sampling"] = Sampling(**law)
+    if draft:
+        kw["draft_sampling"] = Sampling(**draft)
+    return kw
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +101,7 @@ def test_report_json_and_plots(small_report, tmp_path):
     d = json.loads(small_report.to_json())
     assert d["passed"] is True and d["num_samples"] == SMALL and d["num_cells"] == 64
     assert d["config"]["tree"] == "branch:2,2" and d["config"]["mutant"] is None
+    assert d["config"]["min_p"] is None and d["config"]["draft_min_p"] is None  # Sampling(): no min-p
     assert len(d["tests"]) == 8 and all(t["passed"] for t in d["tests"])
     assert len(d["cells"]["tokens"]) == 64 and sum(d["cells"]["speculative"]) == SMALL
     assert d["acceptance"]["expected"] is not None
@@ -153,7 +172,7 @@ def test_mutant_is_rejected_at_default_samples(mutant):
     ids=str,
 )
 def test_unbroken_decoder_passes_at_default_samples(kw):
-    r = verify(progress=False, seed=1, **kw)
+    r = verify(progress=False, seed=1, **_api(kw))
     print(r.summary())
     assert r.passed, r.summary()
 
@@ -161,7 +180,7 @@ def test_unbroken_decoder_passes_at_default_samples(kw):
 @pytest.mark.slow
 def test_temperature_zero_is_one_cell():
     """Greedy: one cell of probability 1 (the temperature is traced: same compilation)."""
-    r = verify(temperature=0.0, num_samples=SMALL, check_acceptance=False, progress=False)
+    r = verify(sampling=Sampling(temperature=0.0), num_samples=SMALL, check_acceptance=False, progress=False)
     assert r.num_cells == 1 and r.spec_counts[0] == SMALL and r.passed
 
 
@@ -169,7 +188,8 @@ def test_temperature_zero_report_says_it_tests_greedy_equality_only(capsys):
     """... and a run of several blocks prints its estimated duration after the first one."""
     from jaxspec.exactness.harness import GREEDY_SCOPE  # noqa: PLC0415
 
-    r = verify(temperature=0.0, num_samples=256, chunk_size=32, check_acceptance=False, progress=True)
+    r = verify(sampling=Sampling(temperature=0.0), num_samples=256, chunk_size=32, check_acceptance=False,
+               progress=True)
     err = capsys.readouterr().err
     assert re.search(r"speculative: about \d+ s left \([\d,]+ samples/s after compiling in \d+ s\)", err), err
     assert r.config["scope"] == GREEDY_SCOPE and "greedy equality only" in r.summary()
@@ -261,14 +281,17 @@ class _Captured(Exception):
 _CONFIG_CASES = [
     dict(tree="branch:2,2", scheme="iid"),
     dict(tree="chain:3", scheme="deterministic", temperature=0.7, top_k=3),
-    dict(tree="branch:2,1", scheme="without_replacement", top_p=0.9, draft_temperature=1.2),
+    # the draft's own law, given whole: temperature 1.2 under the target's top-p
+    dict(tree="branch:2,1", scheme="without_replacement", top_p=0.9, draft_temperature=1.2, draft_top_p=0.9),
     dict(tree="dynamic:depth=2,topk=2,nodes=3", scheme="deterministic"),
 ]
 
 
 def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=None):
     """The configurations generate (budget ``horizon``, and 1) and generate_autoregressive
-    hand to their compile cache (captured before compilation), with ``prompt_bucket``."""
+    hand to their compile cache (captured before compilation), with ``prompt_bucket``
+    (``kw``: a case, :func:`_api`)."""
+    kw = _api(kw)
 
     def capture(cfg):
         raise _Captured(cfg)
@@ -280,10 +303,9 @@ def _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_b
             gen.generate(jax.random.key(0), target, draft, [list(prompt)] * 2, max_new_tokens=budget,
                          prompt_bucket=prompt_bucket, **kw)
         out.append(c.value.args[0])
-    warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
     with pytest.raises(_Captured) as c:
         gen.generate_autoregressive(jax.random.key(0), target, [list(prompt)] * 2, max_new_tokens=horizon,
-                                    prompt_bucket=prompt_bucket, **warp)
+                                    prompt_bucket=prompt_bucket, sampling=kw.get("sampling"))
     out.append(c.value.args[0])
     monkeypatch.undo()
     return out
@@ -337,7 +359,8 @@ def test_verify_streams_what_generate_compiles(kw, bucket, monkeypatch):
     prompt, horizon = (1, 2, 3), 3
     spec, first, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=bucket)
     extra = {"prompt_bucket": bucket}
-    seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **kw, **extra)
+    seen = _verify_streams(monkeypatch, target=target, draft=draft, prompt=prompt, horizon=horizon, **_api(kw),
+                           **extra)
     assert seen["spec"] == (spec, gen.speculative_program)
     assert seen["first"] == (first, gen.speculative_program)
     assert seen["ar"] == (ar, gen.autoregressive_program)
@@ -358,17 +381,21 @@ def test_build_config_is_what_generate_compiles(kw, monkeypatch):
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
     spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=gen.PROMPT_BUCKET)
-    cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **kw)
-    warp = {k: kw[k] for k in ("temperature", "top_k", "top_p") if k in kw}
-    ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon, **warp)
+    api = _api(kw)
+    cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **api)
+    ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon,
+                                       sampling=api.get("sampling"))
     one = np.zeros((1, len(prompt)), np.int32)
     assert cfg != spec  # generate pads the 3-token prompt to 32 columns
     cfg, _ = gen.bucket_config(cfg, one, (target, draft), gen.PROMPT_BUCKET)
     ar_cfg, _ = gen.bucket_config(ar_cfg, one, (target,), gen.PROMPT_BUCKET)
     assert cfg == spec and ar_cfg == ar
     assert t == ar_t == kw.get("temperature", 1.0)
-    assert dt == sampling.draft_warp_args(kw["scheme"], kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"),
-                                          kw.get("draft_temperature"), None, None)[0]
+    # the draft's law: its own when given, else the target's (temperature 1 under deterministic)
+    want = kw.get("draft_temperature", 1.0 if kw["scheme"] == "deterministic" else kw.get("temperature", 1.0))
+    law = api.get("sampling", Sampling())
+    assert dt == want == draft_law(kw["scheme"], law, api.get("draft_sampling")).temperature
+    assert cfg.draft_warp == draft_law(kw["scheme"], law, api.get("draft_sampling")).warp
 
 
 def test_verify_has_no_configuration_of_its_own(monkeypatch):
@@ -386,7 +413,7 @@ def test_verify_has_no_configuration_of_its_own(monkeypatch):
 
     for name in ("build_config", "build_ar_config"):
         monkeypatch.setattr(gen, name, one_more_slot(getattr(gen, name)))
-    seen = _verify_streams(monkeypatch)
+    seen = _verify_streams(monkeypatch, prompt_bucket=None)  # unpadded: the very objects (padding copies them)
     assert len(built) == 3
     assert all(seen[k][0] is b for k, b in zip(("spec", "first", "ar"), built, strict=True))
 
@@ -401,15 +428,18 @@ def test_verify_has_no_configuration_of_its_own(monkeypatch):
         (dict(prompt=[]), "prompt"),
         (dict(scheme="greedy"), "scheme = 'greedy'"),
         (dict(tree="branch:0"), "tree"),
-        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=1.5), "top_p = 1.5: expected a number in (0, 1]"),  # when the Sampling is made
+        (dict(draft_top_k=0), "top_k = 0: expected an integer >= 1"),
+        (dict(sampling=0.7), "sampling = 0.7: expected a jaxspec.Sampling, e.g. jaxspec.Sampling(temperature=0.7)"),
+        (dict(draft_sampling="greedy"), "draft_sampling = 'greedy': expected a jaxspec.Sampling"),
         (dict(alpha=2.0), "alpha"),
-        (dict(tree="branch:5", scheme="without_replacement"), "vocab_size = 4"),
+        (dict(tree="branch:5", scheme="without_replacement"), "more than the 4 distinct tokens of the vocabulary"),
     ],
 )
 def test_bad_input_is_named(kw, message):
     kw = dict(kw)
     with pytest.raises(ValueError) as e:
-        verify(num_samples=kw.pop("num_samples", 16), progress=False, **kw)
+        verify(num_samples=kw.pop("num_samples", 16), progress=False, **_api(kw))
     assert message in str(e.value)
 
 
@@ -420,7 +450,8 @@ def test_large_vocabulary_needs_top_k():
     cfg = ModelConfig(vocab_size=300, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                       num_attention_heads=1, max_position_embeddings=32)
     m = init_model(cfg, jax.random.key(0))
-    with pytest.raises(ValueError, match="pass a top_k"):
+    with pytest.raises(ValueError, match=r"^top_k = None and horizon = 3: the target's 300 tokens give up to "
+                                         r"300\*\*3 = 27000000 joint cells, more than MAX_CELLS = \d+; expected a top_k"):
         verify(m, m, num_samples=16, progress=False)
     with pytest.raises(ValueError, match="pass both models"):
         verify(m, None, num_samples=16, progress=False)
@@ -527,5 +558,7 @@ def test_power_rules_and_the_samples_they_need():
 
     # dof 0 is "no power" only when several cells were pooled; a one-cell law (greedy) keeps
     # its power: a sample outside that cell is a certain rejection
-    assert exactness._pooled_away(0, 64).startswith("dof 0: its 64 cells pooled into one")
-    assert exactness._pooled_away(0, 1) == "" and exactness._pooled_away(1, 64) == ""
+    from jaxspec.exactness.law_tests import pooled_away  # noqa: PLC0415
+
+    assert pooled_away(0, 64).startswith("dof 0: its 64 cells pooled into one")
+    assert pooled_away(0, 1) == "" and pooled_away(1, 64) == ""

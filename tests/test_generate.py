@@ -14,6 +14,7 @@ import pytest
 from _tiny import next_token_probs, tiny_pair
 from flax import nnx
 
+from jaxspec import Sampling, SettingError
 from jaxspec.core import sampling
 from jaxspec.nn.cache import commit
 from jaxspec.core.sampling import Warp
@@ -50,13 +51,15 @@ def pair():
 @pytest.fixture(scope="module")
 def greedy_reference(pair):
     target, _ = pair
-    return gen.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=MAX_NEW, temperature=0.0)
+    return gen.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=MAX_NEW,
+                                       sampling=Sampling(temperature=0.0))
 
 
 def _check_greedy(pair, ref, tree, scheme):
     target, draft = pair
     out = gen.generate(
-        jax.random.key(1), target, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=tree, scheme=scheme, temperature=0.0
+        jax.random.key(1), target, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=tree, scheme=scheme,
+        sampling=Sampling(temperature=0.0)
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
     np.testing.assert_array_equal(np.asarray(out.lengths), np.full(len(PROMPTS), MAX_NEW))
@@ -114,12 +117,12 @@ class _CountTraces:
 
 def test_no_retrace_for_new_keys_and_prompts(pair):
     target, draft = pair
-    kw = dict(max_new_tokens=5, tree=(2, 1), scheme="without_replacement", temperature=1.0)
+    kw = dict(max_new_tokens=5, tree=(2, 1), scheme="without_replacement", sampling=Sampling(temperature=1.0))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, V, size=(4, 3)).astype(np.int32) for _ in range(3)]
     keys = [jax.random.key(i) for i in range(3)]
     jax.block_until_ready(gen.generate(keys[0], target, draft, prompts[0], **kw))  # warm up
-    ar_kw = dict(max_new_tokens=5, temperature=1.0)
+    ar_kw = dict(max_new_tokens=5, sampling=Sampling(temperature=1.0))
     jax.block_until_ready(gen.generate_autoregressive(keys[0], target, prompts[0], **ar_kw))
 
     # the traced body runs once per trace: count with a pass-through hook
@@ -138,7 +141,8 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
     with _CountTraces() as counter:
         for i, (k, p) in enumerate(zip(keys, prompts)):
             jax.block_until_ready(gen.generate(k, target, draft, p, **kw))
-            jax.block_until_ready(gen.generate(k, target, draft, p, **{**kw, "temperature": 0.5 * i}))
+            other_temperature = {**kw, "sampling": Sampling(temperature=0.5 * i)}
+            jax.block_until_ready(gen.generate(k, target, draft, p, **other_temperature))
             jax.block_until_ready(gen.generate_autoregressive(k, target, p, **ar_kw, stop_tokens=[i]))
             t, l = gen.prepare_prompts(p, V)
             bucketed, t = gen.bucket_config(cfg, t, (target, draft), gen.PROMPT_BUCKET)  # as generate pads them
@@ -148,9 +152,10 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
     assert len(counter.events) == 1, counter.events
 
     # same shapes and temperature 0: array prompts == list prompts == target greedy
-    a = gen.generate(keys[0], target, draft, prompts[1], **{**kw, "temperature": 0.0})
-    b = gen.generate(keys[1], target, draft, prompts[1].tolist(), **{**kw, "temperature": 0.0})
-    c = gen.generate_autoregressive(keys[2], target, jnp.asarray(prompts[1]), **{**ar_kw, "temperature": 0.0})
+    greedy = Sampling(temperature=0.0)
+    a = gen.generate(keys[0], target, draft, prompts[1], **{**kw, "sampling": greedy})
+    b = gen.generate(keys[1], target, draft, prompts[1].tolist(), **{**kw, "sampling": greedy})
+    c = gen.generate_autoregressive(keys[2], target, jnp.asarray(prompts[1]), **{**ar_kw, "sampling": greedy})
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
 
@@ -165,10 +170,11 @@ def test_stop_tokens_and_budget_per_row(pair, greedy_reference):
     stop = int(ref[0, 4])  # row 0 must stop at (or before) position 4
     out = gen.generate(
         jax.random.key(2), target, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=(2, 2),
-        scheme="deterministic", temperature=0.0, stop_tokens=(stop,),
+        scheme="deterministic", sampling=Sampling(temperature=0.0), stop_tokens=(stop,),
     )
     ar = gen.generate_autoregressive(
-        jax.random.key(2), target, PROMPTS, max_new_tokens=MAX_NEW, temperature=0.0, stop_tokens=[stop]
+        jax.random.key(2), target, PROMPTS, max_new_tokens=MAX_NEW,
+        sampling=Sampling(temperature=0.0), stop_tokens=[stop]
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     for b in range(len(PROMPTS)):
@@ -191,7 +197,7 @@ def test_sampling_stats_and_padding(pair, scheme, tree):
     b = len(prompts)
     out = gen.generate(
         jax.random.key(7), target, draft, prompts, max_new_tokens=m, tree=tree, scheme=scheme,
-        temperature=1.0, stop_tokens=[stop],
+        sampling=Sampling(temperature=1.0), stop_tokens=[stop],
     )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     tcalls, dcalls = np.asarray(out.target_calls), np.asarray(out.draft_calls)
@@ -244,7 +250,7 @@ def test_stop_tokens_default_to_the_targets_eos(pair, greedy_reference):
     assert target_eos.config.eos_token_ids == (eos,) and draft.config.eos_token_id is None
     assert gen.resolve_stop_tokens(None, target_eos) == (eos,) and gen.resolve_stop_tokens(None, target) == ()
     assert gen.resolve_stop_tokens((), target_eos) == ()
-    kw = dict(max_new_tokens=MAX_NEW, temperature=0.0)
+    kw = dict(max_new_tokens=MAX_NEW, sampling=Sampling(temperature=0.0))
     spec = gen.generate(jax.random.key(2), target_eos, draft, PROMPTS, tree=(2, 2), scheme="deterministic", **kw)
     ar = gen.generate_autoregressive(jax.random.key(2), target_eos, PROMPTS, **kw)
     want = gen.generate_autoregressive(jax.random.key(2), target, PROMPTS, stop_tokens=[eos], **kw)
@@ -479,15 +485,25 @@ def test_boundary_validation(pair):
     err("max_new_tokens = 0", max_new_tokens=0)
     err("max_new_tokens = 2.0", max_new_tokens=2.0)
     err("scheme = 'greedy'", scheme="greedy")
-    err("temperature", temperature=-1.0)
-    err("top_k", top_k=0)
-    err("top_p", top_p=1.5)
-    err("draft_temperature", draft_temperature=float("nan"))
-    err("draft_top_p", draft_top_p=0.0)
+    # a law's fields are checked when its Sampling is made, a SettingError naming the field
+    for bad, match in (
+        (dict(temperature=-1.0), r"^temperature = -1.0: expected a finite number >= 0 \(0 means greedy\)$"),
+        (dict(top_k=0), r"^top_k = 0: expected an integer >= 1 \(or None: no top-k\)$"),
+        (dict(top_p=1.5), r"^top_p = 1.5: expected a number in \(0, 1\] \(or None: no top-p\)$"),
+        (dict(temperature=float("nan")), r"^temperature = nan: expected a finite number >= 0"),
+        (dict(top_p=0.0), r"^top_p = 0.0: expected a number in \(0, 1\]"),
+    ):
+        with pytest.raises(SettingError, match=match):
+            gen.generate(k, target, draft, [[1, 2]], **ok, sampling=Sampling(**bad))
+    err(r"^sampling = 0.5: expected a jaxspec.Sampling, e.g. jaxspec.Sampling\(temperature=0.5\)$", sampling=0.5)
+    err(r"^draft_sampling = \{'top_p': 0.9\}: expected a jaxspec.Sampling", draft_sampling={"top_p": 0.9})
     err(r"stop_tokens\[0\] = 8", stop_tokens=[V])
-    err("scheme = 'iid': a DynamicTree", tree=DynamicTree(2, 2, 3), scheme="iid")
-    err("topk = 9 exceeds", tree=DynamicTree(2, 9, 9), scheme="deterministic")
-    err("more than vocab_size", tree=(V + 1,), scheme="without_replacement")
+    err(r"^scheme = 'iid' and tree = DynamicTree\(depth=2, topk=2, num_nodes=3\): a dynamic tree ranks fixed "
+        r"candidates; expected scheme 'deterministic' \(its default\)$", tree=DynamicTree(2, 2, 3), scheme="iid")
+    err(r"^tree = DynamicTree\(depth=2, topk=9, num_nodes=9\) and scheme = 'deterministic': a dynamic tree's topk "
+        r"\(9\) is at most vocab_size \(8\)", tree=DynamicTree(2, 9, 9), scheme="deterministic")
+    err(rf"a node has {V + 1} children, more than the {V} distinct tokens of the vocabulary", tree=(V + 1,),
+        scheme="without_replacement")
     err("max_position_embeddings", max_new_tokens=60)
     err("key", None, target, draft, [[1]])
     other, _ = tiny_pair(0, vocab_size=4)
@@ -523,7 +539,7 @@ def test_tree_defaults_to_the_cli_tree(pair):
     from jaxspec.cli.generate import DEFAULT_TREE as CLI_TREE  # noqa: PLC0415
 
     assert gen.DEFAULT_TREE == CLI_TREE == "chain:4"
-    kw = dict(max_new_tokens=MAX_NEW, temperature=1.0)
+    kw = dict(max_new_tokens=MAX_NEW, sampling=Sampling(temperature=1.0))
     a = gen.generate(jax.random.key(5), target, draft, PROMPTS, **kw)
     b = gen.generate(jax.random.key(5), target, draft, PROMPTS, tree="chain:4", **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -538,6 +554,8 @@ def test_cli_and_python_defaults_agree():
 
     args = build_parser().parse_args(["generate", "--prompt", "x"])
     params = inspect.signature(gen.generate).parameters
-    assert args.temperature == params["temperature"].default == 1.0
+    assert params["sampling"].default is params["draft_sampling"].default is None  # None: Sampling()
+    law = Sampling()
+    assert (args.temperature, args.top_k, args.top_p) == (law.temperature, law.top_k, law.top_p) == (1.0, None, None)
     assert args.tree == params["tree"].default == "chain:4"
     assert args.rule == params["rule"].default == "auto"

@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 from _tiny import exact_joint, tiny_head, tiny_pair
 
+from jaxspec import Sampling
 from jaxspec.core.sampling import SCHEMES
 from jaxspec.exactness import mutants
 from jaxspec.exactness.stats import bonferroni, chisquare_gof, chisquare_two_sample, min_detectable_tv
@@ -69,7 +70,8 @@ TREES = {
     "branch": (2, 2),
     "dynamic": DynamicTree(depth=2, topk=2, num_nodes=4),
 }
-# the draft inherits the warps (generate's default): its tokens and q come from the same law
+# the warps' fields, as exact_joint takes them; generate gets them as sampling=Sampling(**WARPS[k]), and
+# the draft drafts with the same law (draft_sampling=None, generate's default): its tokens and q come from it
 WARPS = {"none": {}, "t0.7_topk3": dict(temperature=0.7, top_k=3), "t1.2_topp0.95": dict(temperature=1.2, top_p=0.95)}
 
 
@@ -106,7 +108,8 @@ def _autoregressive_counts(warp_key, prompt=tuple(PROMPT)):
     prompts = _prompts(prompt)
 
     def run(key):
-        return gen.generate_autoregressive(key, target, prompts, max_new_tokens=L, **WARPS[warp_key]).tokens
+        return gen.generate_autoregressive(key, target, prompts, max_new_tokens=L,
+                                           sampling=Sampling(**WARPS[warp_key])).tokens
 
     return _count(run, seed=4242 + len(warp_key) + len(prompt))
 
@@ -116,7 +119,7 @@ def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N
     target, model_draft = _pair()
     draft = model_draft if draft is None else draft
     prompts = _prompts(prompt)
-    warp = WARPS[warp_key]
+    warp = dict(sampling=Sampling(**WARPS[warp_key]))
     if mutant is None:
 
         def run(key):
@@ -252,7 +255,8 @@ def test_generate_ragged_batch_matches_each_prompts_law():
 
     def run(key):
         return gen.generate(
-            key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme, **WARPS[warp_key]
+            key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
+            sampling=Sampling(**WARPS[warp_key]),
         ).tokens
 
     counts = _count(run, seed=7000, num_samples=len(RAGGED) * RAGGED_SAMPLES, groups=len(RAGGED))
@@ -281,7 +285,7 @@ def test_generate_queue_matches_each_prompts_law():
 
     def run(key):
         out = gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-                           rows=QUEUE_ROWS, **WARPS[warp_key])
+                           rows=QUEUE_ROWS, sampling=Sampling(**WARPS[warp_key]))
         rounds.append(np.bincount(np.asarray(out.rounds), minlength=L + 1))
         return out.tokens
 
@@ -396,7 +400,7 @@ def test_harness_rejects_broken_refills(mutant, monkeypatch):
 
     def run(key):
         return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-                            rows=rows, **WARPS[warp_key]).tokens
+                            rows=rows, sampling=Sampling(**WARPS[warp_key])).tokens
 
     counts = _count(run, seed=9300, num_samples=2 * MUTANT_SAMPLES, groups=len(RAGGED))
     joints = [chisquare_gof(c, _exact(warp_key, tuple(p))) for p, c in zip(RAGGED, counts)]

@@ -172,11 +172,11 @@ def test_greedy_equality_on_a_ragged_batch(models, tree):
     chain) and the token rule."""
     target, head = models
     prompts = [[1, 2, 3, 4, 5, 6, 7], [9], [3, 3, 1]]
-    ref = jaxspec.generate_autoregressive(jax.random.key(1), target, prompts, max_new_tokens=24, temperature=0.0,
-                                          stop_tokens=())
+    ref = jaxspec.generate_autoregressive(jax.random.key(1), target, prompts, max_new_tokens=24,
+                                          sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
     for rule in ("auto", "token"):
         out = jaxspec.generate(jax.random.key(1), target, head, prompts, max_new_tokens=24, tree=tree,
-                               temperature=0.0, stop_tokens=(), rule=rule)
+                               sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=(), rule=rule)
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens), err_msg=f"{tree} {rule}")
         assert out.summary()["draft_calls"] == out.summary()["rounds"] * resolve_tree(tree).depth
 
@@ -278,7 +278,8 @@ def test_cli_generate_with_a_head_equals_the_baseline_at_temperature_0(saved, ca
     base = json.loads(capsys.readouterr().out)
     assert spec["tokens"] == base["tokens"] and spec["draft"] == h
     assert main([*flags[:-2], "--draft", h, "--tree", "auto"]) == 2
-    assert "--tree auto: times a draft model's trees" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--tree auto and --draft {h}: a tree is chosen by timing a draft model's trees" in err, err
 
 
 def test_cli_verify_with_a_head(saved, capsys):

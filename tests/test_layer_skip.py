@@ -53,7 +53,7 @@ def _law_target():
 @functools.lru_cache(maxsize=None)
 def _reference():
     return jaxspec.generate_autoregressive(jax.random.key(1), _greedy_target(), PROMPTS, max_new_tokens=MAX_NEW,
-                                           temperature=0.0, stop_tokens=())
+                                           sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
 
 
 # ------------------------------------------------------------------ greedy equality
@@ -74,7 +74,7 @@ def test_greedy_equals_target_only(layers, tree):
     target = _greedy_target()
     draft = LayerSkipDraft(layers)
     spec = jaxspec.generate(jax.random.key(0), target, draft, PROMPTS, tree=tree, max_new_tokens=MAX_NEW,
-                            temperature=0.0, stop_tokens=())
+                            sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
     ref = _reference()
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ref.tokens))
     rounds = np.asarray(spec.rounds)
@@ -103,7 +103,8 @@ LAW_CASES = [("branch:2,2", "without_replacement"), (DynamicTree(depth=2, topk=2
 @pytest.mark.long
 @pytest.mark.parametrize("tree,scheme", LAW_CASES, ids=lambda x: str(x))
 def test_exactness_harness_passes_layer_skip(tree, scheme):
-    r = jaxspec.verify(_law_target(), LayerSkipDraft(1), tree=tree, scheme=scheme, temperature=1.0,
+    r = jaxspec.verify(_law_target(), LayerSkipDraft(1), tree=tree, scheme=scheme,
+                       sampling=jaxspec.Sampling(temperature=1.0),
                        num_samples=LAW_SAMPLES, seed=LAW_SEED, check_acceptance=False, progress=False)
     print(r.summary())
     print("p-values: " + "; ".join(f"{t.name} {t.pvalue:.4g}" for t in r.tests))
@@ -123,7 +124,8 @@ MUTANT_CASES = [("branch:2,2", "bonus-kv-slot"), ("branch:2,2", "causal-mask")]
 @pytest.mark.long
 @pytest.mark.parametrize("tree,mutant", MUTANT_CASES)
 def test_exactness_harness_rejects_broken_layer_skip_decoders(tree, mutant):
-    r = jaxspec.verify(_law_target(), LayerSkipDraft(1), tree=tree, scheme="without_replacement", temperature=1.0,
+    r = jaxspec.verify(_law_target(), LayerSkipDraft(1), tree=tree, scheme="without_replacement",
+                       sampling=jaxspec.Sampling(temperature=1.0),
                        num_samples=LAW_SAMPLES, seed=LAW_SEED, mutant=mutant, check_acceptance=False, progress=False)
     joint = next(t for t in r.tests if t.name == "joint chi2 vs exact")
     print(f"mutant {mutant} on {tree}: joint p = {joint.pvalue:.4g} ({joint})")
@@ -141,8 +143,8 @@ def test_bad_layers_are_refused():
     with pytest.raises(ValueError, match=r"draft: layers = 4 \(LayerSkipDraft\): the target has 3 layers; "
                                          r"expected 1 .. 3"):
         jaxspec.generate(jax.random.key(0), _greedy_target(), LayerSkipDraft(NUM_LAYERS + 1), [[1]], max_new_tokens=2)
-    with pytest.raises(ValueError, match="scheme = 'iid': a DynamicTree chooses fixed candidates; expected "
-                                         "scheme='deterministic'"):
+    with pytest.raises(jaxspec.SettingError, match=r"^scheme = 'iid' and tree = DynamicTree\(.*\): a dynamic tree "
+                                                   r"ranks fixed candidates; expected scheme 'deterministic'"):
         jaxspec.generate(jax.random.key(0), _greedy_target(), LayerSkipDraft(1), [[1]], max_new_tokens=2,
                          tree=DYNAMIC, scheme="iid")
 
@@ -174,8 +176,8 @@ def _cli(capsys, *argv):
     "argv,match",
     [
         (["--draft", "layers:2", "--tree", "auto"],
-         "--tree auto: chooses a tree by timing a draft model; with --draft layers:2 pass a tree such as "
-         "--tree chain:4"),
+         "--tree auto and --draft layers:2: a tree is chosen by timing a draft model's trees; expected a tree such "
+         "as 'chain:4' with this drafter"),
         (["--draft", "layers:x"], "--draft: draft spec = 'layers:x': expected 'layers:K' with an integer K >= 1"),
         (["--draft", "layers:0"], "--draft: draft spec = 'layers:0': LayerSkipDraft.layers = 0: expected an integer >= 1"),
         (["--draft", "layers:7"], "layers = 7 (LayerSkipDraft): the target has 6 layers; expected 1 .. 6"),

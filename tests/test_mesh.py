@@ -132,7 +132,7 @@ def test_parse_mesh_errors(spec, msg):
 def test_one_device_mesh_is_plain_generation():
     """A (1, 1) mesh runs in this process: same tokens as no mesh, and no padding."""
     t, d = tiny_pair(1, vocab_size=8, hidden_size=16, num_heads=2)
-    kw = dict(max_new_tokens=4, tree="chain:2", temperature=1.0, stop_tokens=())
+    kw = dict(max_new_tokens=4, tree="chain:2", sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=())
     a = jaxspec.generate(jax.random.key(3), t, d, [[1, 2], [3]], **kw)
     b = jaxspec.generate(jax.random.key(3), t, d, [[1, 2], [3]], mesh=jaxspec.make_mesh(1, 1), **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -204,5 +204,5 @@ def test_two_processes_one_mesh_same_tokens():
     assert all(o["processes"] == 2 and o["devices"] == 4 and o["local_devices"] == 2 for o in outs)
     t, d = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1)
     ref = jaxspec.generate(jax.random.key(7), t, d, [[1, 2, 3], [4, 5], [6]], max_new_tokens=8, tree="branch:2,2",
-                           temperature=1.0, stop_tokens=())
+                           sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=())
     assert outs[0]["tokens"] == outs[1]["tokens"] == np.asarray(ref.tokens).tolist()

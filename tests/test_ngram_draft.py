@@ -132,8 +132,10 @@ def test_generate_refuses_what_an_ngram_draft_cannot_do():
         jaxspec.generate(key, target, NgramDraft(), [[1, 2]], max_new_tokens=4, scheme="iid")
     with pytest.raises(ValueError, match="a DynamicTree ranks a draft model's candidates"):
         jaxspec.generate(key, target, NgramDraft(), [[1, 2]], max_new_tokens=4, tree="dynamic:depth=2,topk=2,nodes=3")
-    with pytest.raises(ValueError, match="draft_temperature = 0.5: an n-gram draft has no proposal law"):
-        jaxspec.generate(key, target, NgramDraft(), [[1, 2]], max_new_tokens=4, draft_temperature=0.5)
+    with pytest.raises(jaxspec.SettingError, match=r"^draft_sampling = Sampling\(temperature=0.5, .*\): an n-gram draft "
+                                                   r"has no proposal law; expected None$"):
+        jaxspec.generate(key, target, NgramDraft(), [[1, 2]], max_new_tokens=4,
+                         draft_sampling=jaxspec.Sampling(temperature=0.5))
     with pytest.raises(ValueError, match="draft: expected a jaxspec.Transformer, a jaxspec.FeatureHead or a drafter .*got str"):
         jaxspec.generate(key, target, "ngram", [[1, 2]], max_new_tokens=4)
 
@@ -142,6 +144,7 @@ def test_generate_refuses_what_an_ngram_draft_cannot_do():
 
 
 RAGGED = [[1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5, 6, 5], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]]
+GREEDY = jaxspec.Sampling(temperature=0)
 
 
 @pytest.mark.parametrize("tree", ["chain:4", "branch:3,1,1", "branch:2,2"])
@@ -150,8 +153,8 @@ def test_greedy_equals_target_only_on_a_ragged_batch(tree, rule):
     target, _ = _pair()
     key = jax.random.key(1)
     spec = jaxspec.generate(key, target, NgramDraft(), RAGGED, max_new_tokens=24, tree=tree, rule=rule,
-                            temperature=0)
-    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, temperature=0)
+                            sampling=GREEDY)
+    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, sampling=GREEDY)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
     assert np.asarray(spec.draft_calls).sum() == 0  # no draft model
     # a greedy tiny model falls into loops, which the lookup then drafts: more than 1 per call
@@ -161,10 +164,10 @@ def test_greedy_equals_target_only_on_a_ragged_batch(tree, rule):
 def test_stop_tokens_end_rows_as_target_only_does():
     target, _ = _pair()
     key = jax.random.key(2)
-    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, temperature=0)
+    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, sampling=GREEDY)
     stop = int(np.asarray(base.tokens)[0, 5])  # a token row 0 emits: it must end there
-    spec = jaxspec.generate(key, target, NgramDraft(), RAGGED, max_new_tokens=24, temperature=0, stop_tokens=[stop])
-    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, temperature=0, stop_tokens=[stop])
+    spec = jaxspec.generate(key, target, NgramDraft(), RAGGED, max_new_tokens=24, sampling=GREEDY, stop_tokens=[stop])
+    base = jaxspec.generate_autoregressive(key, target, RAGGED, max_new_tokens=24, sampling=GREEDY, stop_tokens=[stop])
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
     np.testing.assert_array_equal(np.asarray(spec.lengths), np.asarray(base.lengths))
     assert int(spec.lengths[0]) <= 6
@@ -176,8 +179,9 @@ def test_rounds_without_any_match_emit_one_token_each():
     target, _ = _pair()
     key = jax.random.key(3)
     spec = jaxspec.generate(key, target, NgramDraft(max_ngram=40, min_ngram=40), [[1, 2, 3]], max_new_tokens=12,
-                            temperature=1.0)
-    base = jaxspec.generate_autoregressive(key, target, [[1, 2, 3]], max_new_tokens=12, temperature=1.0)
+                            sampling=jaxspec.Sampling(temperature=1.0))
+    base = jaxspec.generate_autoregressive(key, target, [[1, 2, 3]], max_new_tokens=12,
+                                           sampling=jaxspec.Sampling(temperature=1.0))
     assert int(spec.lengths[0]) == 12 == int(spec.target_calls[0])
     assert np.asarray(spec.accepted_per_depth).sum() == 0
     assert np.all(np.asarray(spec.tokens) >= 0) and np.all(np.asarray(base.tokens) >= 0)
@@ -190,10 +194,10 @@ def test_a_prompt_holding_its_continuation_gets_tau_well_above_one():
     tok = jaxspec.ByteTokenizer()
     x = tok.encode("def parse(line):")
     key = jax.random.key(0)
-    y = np.asarray(jaxspec.generate_autoregressive(key, target, [x], max_new_tokens=64, temperature=0).tokens)[0]
+    y = np.asarray(jaxspec.generate_autoregressive(key, target, [x], max_new_tokens=64, sampling=GREEDY).tokens)[0]
     ids = x + y.tolist() + x
-    spec = jaxspec.generate(key, target, NgramDraft(), [ids], max_new_tokens=48, temperature=0)
-    base = jaxspec.generate_autoregressive(key, target, [ids], max_new_tokens=48, temperature=0)
+    spec = jaxspec.generate(key, target, NgramDraft(), [ids], max_new_tokens=48, sampling=GREEDY)
+    base = jaxspec.generate_autoregressive(key, target, [ids], max_new_tokens=48, sampling=GREEDY)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))
     tau = float(spec.tau[0])
     print(f"tau {tau:.2f}: {tok.decode(np.asarray(spec.tokens)[0])!r}")
@@ -227,10 +231,11 @@ def test_cli_draft_ngram_equals_the_baseline_at_temperature_0(capsys):
 @pytest.mark.parametrize(
     "argv,match",
     [
-        (["--draft", "ngram", "--tree", "auto"], "--tree auto: chooses a tree by timing a draft model"),
-        (["--draft", "ngram", "--scheme", "iid"], "--scheme iid: --draft ngram proposes fixed tokens"),
+        (["--draft", "ngram", "--tree", "auto"], "--tree auto and --draft ngram: a tree is chosen by timing a draft model"),
+        (["--draft", "ngram", "--scheme", "iid"], "--scheme iid: an n-gram draft proposes fixed tokens"),
         (["--draft", "ngram:min=9"], "--draft: draft spec = 'ngram:min=9': NgramDraft.min_ngram = 9"),
-        (["--draft", "ngram", "--tree", "dynamic:depth=2,topk=2,nodes=3"], "a dynamic tree ranks a draft model's"),
+        (["--draft", "ngram", "--tree", "dynamic:depth=2,topk=2,nodes=3"],
+         "--tree dynamic:depth=2,topk=2,nodes=3: a DynamicTree ranks a draft model's candidates"),
     ],
 )
 def test_cli_draft_ngram_refusals(capsys, argv, match):

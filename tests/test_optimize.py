@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxspec import Sampling, SettingError
+from jaxspec.core.settings import draft_law
 from jaxspec.core.rules import speculative_accept
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import forward_logits, init_model
@@ -303,7 +305,7 @@ def test_measure_random_schemes(pair, scheme):
     ~0.07-0.08 at rank 0."""
     target, draft = pair
     est = measure_acceptance(target, draft, WINDOWS, max_rank=3, scheme=scheme,
-                             key=jax.random.key(12), num_draws=256, temperature=0.8)
+                             key=jax.random.key(12), num_draws=256, sampling=Sampling(temperature=0.8))
     assert est.mean.shape == (3,) and est.stderr.shape == (3,) and est.num_positions == 21
     assert np.all((est.mean >= 0) & (est.mean <= 1)) and est.mean.sum() <= 1 + 1e-6
     p = _softmax(np.asarray(_fwd(target, WINDOWS)) / 0.8).reshape(-1, 8)
@@ -313,9 +315,43 @@ def test_measure_random_schemes(pair, scheme):
     np.testing.assert_allclose(exact[0], np.minimum(p, q).sum(1).mean(), atol=1e-9)
     assert np.abs(est.mean - exact).max() < 0.02, (est.mean, exact)
     # the same model as target and draft: the first sibling is always accepted
-    same = measure_acceptance(target, target, WINDOWS, max_rank=3, scheme=scheme,
-                              key=jax.random.key(13), num_draws=256, temperature=0.8)  # one compile
+    same = measure_acceptance(target, target, WINDOWS, max_rank=3, scheme=scheme,  # one compile
+                              key=jax.random.key(13), num_draws=256, sampling=Sampling(temperature=0.8))
     np.testing.assert_allclose(same.mean, [1.0, 0.0, 0.0], atol=1e-5)
+
+
+def test_measure_draft_law_follows_generate(pair, monkeypatch):
+    """The draft's proposal law is :func:`jaxspec.core.settings.draft_law`'s, as in
+    generate: ``draft_sampling=None`` is the target's law under iid / without_replacement
+    and ``Sampling()`` under deterministic; a given ``draft_sampling`` is used whole (its
+    unset fields are Sampling's defaults, not the target's)."""
+    from jaxspec.tuning import optimize  # noqa: PLC0415
+
+    target, draft = pair
+    law = Sampling(temperature=0.8, top_k=3)
+    given = Sampling(temperature=0.5)
+    assert draft_law("iid", law, None) is law and draft_law("without_replacement", law, None) is law
+    assert draft_law("deterministic", law, None) == Sampling()
+    assert all(draft_law(s, law, given) is given for s in ("iid", "without_replacement", "deterministic"))
+
+    warps, real = [], optimize._warped_rank_probs
+
+    def spy(*args, **kwargs):
+        warps.append((dict(kwargs["target_warp"]), dict(kwargs["draft_warp"])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimize, "_warped_rank_probs", spy)
+    fields = lambda s: dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)  # noqa: E731
+    for scheme in ("iid", "without_replacement", "deterministic"):
+        for draft_sampling in (None, given):
+            warps.clear()
+            key = None if scheme == "deterministic" else jax.random.key(3)
+            measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme=scheme, key=key, num_draws=2,
+                               sampling=law, draft_sampling=draft_sampling)
+            want = fields(draft_law(scheme, law, draft_sampling))
+            assert warps and all(w == (fields(law), want) for w in warps), (scheme, draft_sampling, warps)
+            if draft_sampling is given:  # used whole: the target's top_k does not reach it
+                assert want["top_k"] is None and want["temperature"] == 0.5
 
 
 # --------------------------------------------------------------------------- validation
@@ -361,16 +397,13 @@ def test_measure_validation(pair):
         measure_acceptance(target, draft, WINDOWS[0], max_rank=2, scheme="deterministic")
     with pytest.raises(ValueError, match=r"tokens: expected token ids in \[0, 8\)"):
         measure_acceptance(target, draft, WINDOWS + 8, max_rank=2, scheme="deterministic")
-    with pytest.raises(ValueError, match="temperature"):
-        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="deterministic",
-                           temperature=-1.0)
-    # the draft's warp is named as the draft's, not as the target's
-    with pytest.raises(ValueError, match=r"^draft_temperature: expected a finite number >= 0"):
+    with pytest.raises(SettingError, match=r"^sampling = -1.0: expected a jaxspec.Sampling"):
+        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="deterministic", sampling=-1.0)
+    # the draft's law is named as the draft's, not as the target's
+    with pytest.raises(SettingError, match=r"^draft_sampling = 0.5: expected a jaxspec.Sampling, "
+                                           r"e.g. jaxspec.Sampling\(temperature=0.5\)$"):
         measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=jax.random.key(0),
-                           draft_temperature=-1.0)
-    with pytest.raises(ValueError, match=r"^draft_top_k: expected None or a static Python int"):
-        measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=jax.random.key(0),
-                           draft_top_k=0)
+                           draft_sampling=0.5)
     with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
         measure_acceptance(target, draft, WINDOWS, max_rank=2, scheme="iid", key=0)
     with pytest.raises(ValueError, match=r"^key: expected a scalar jax.random.key"):
@@ -419,7 +452,7 @@ def _tau_per_prompt(target, draft, prompts, tree, max_new_tokens):
 
     out = jaxspec.generate(jax.random.key(7), target, draft, prompts,
                            max_new_tokens=max_new_tokens, tree=tree, scheme="deterministic",
-                           temperature=1.0)
+                           sampling=Sampling(temperature=1.0))
     acc = np.asarray(out.accepted_per_depth, np.float64).sum(axis=1)
     rounds = np.asarray(out.rounds, np.float64)
     return (acc + rounds) / rounds
@@ -457,7 +490,7 @@ def _optimized_vs_branching(n, max_depth, num_prompts, max_new_tokens, z=3.0):
     half = val.size // 2  # acceptance windows from the first half, prompts from the second
     windows = eval_windows(val[:half], 64, 128)  # int32[64, 129]
     est = measure_acceptance(target, draft, windows, max_rank=n, scheme="deterministic",
-                             temperature=1.0)
+                             sampling=Sampling(temperature=1.0))
     opt = optimize_tree(est.mean, n, max_depth)
     prompts = eval_windows(val[half:], num_prompts, 31)  # int32[B, 32]
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from _tiny import DRAFTERS, assert_same_results, tiny_drafter, tiny_pair
 
+from jaxspec import Sampling
 from jaxspec.decode import generate as gen
 from jaxspec.decode import program_store, programs
 from jaxspec.decode.program_store import SUFFIX, StoredFunction, static_text
@@ -208,7 +209,7 @@ def test_generate_through_the_store_is_the_plain_loop(pair, drafter, store, monk
     """T = 1 (the temperature is an argument of the program, not part of its key)."""
     target, draft = pair
     draft = tiny_drafter(drafter, target, draft)
-    kw = dict(max_new_tokens=10, tree="chain:3", temperature=1.0, stop_tokens=(0,))
+    kw = dict(max_new_tokens=10, tree="chain:3", sampling=Sampling(temperature=1.0), stop_tokens=(0,))
     program_store.use_folder(None)
     plain = gen.generate(jax.random.key(11), target, draft, PROMPTS, **kw)
     program_store.use_folder(store)
@@ -225,7 +226,7 @@ def test_generate_through_the_store_is_the_plain_loop(pair, drafter, store, monk
 
 def test_target_only_and_streaming_through_the_store(pair, store, monkeypatch):
     target, draft = pair
-    kw = dict(max_new_tokens=10, temperature=1.0, stop_tokens=(0,))
+    kw = dict(max_new_tokens=10, sampling=Sampling(temperature=1.0), stop_tokens=(0,))
     program_store.use_folder(None)
     plain_ar = gen.generate_autoregressive(jax.random.key(3), target, PROMPTS, **kw)
     plain = gen.generate(jax.random.key(3), target, draft, PROMPTS, tree="chain:2", **kw)

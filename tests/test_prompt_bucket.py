@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from _tiny import DRAFTERS, assert_same_results, tiny_drafter, tiny_pair
 
+from jaxspec import Sampling
 from jaxspec.decode import generate as gen
 
 V = 8
@@ -85,7 +86,7 @@ def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
     def run(prompt, bucket):
         if mode == "speculative":
             return gen.generate(jax.random.key(0), target, draft, [prompt], max_new_tokens=9, tree="chain:2",
-                                temperature=1.0, prompt_bucket=bucket)
+                                sampling=Sampling(temperature=1.0), prompt_bucket=bucket)
         return gen.generate_autoregressive(jax.random.key(0), target, [prompt], max_new_tokens=9, prompt_bucket=bucket)
 
     lengths = (1, 4, 9, 16)
@@ -103,7 +104,7 @@ def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
 def test_bucketed_tokens_are_the_unpadded_tokens(pair, temperature, drafter):
     target, draft = pair
     draft = tiny_drafter(drafter, target, draft)
-    kw = dict(max_new_tokens=12, tree="chain:3", temperature=temperature, stop_tokens=(0,))
+    kw = dict(max_new_tokens=12, tree="chain:3", sampling=Sampling(temperature=temperature), stop_tokens=(0,))
     outs = [gen.generate(jax.random.key(7), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
     assert_same_results(*outs)
 
@@ -112,7 +113,8 @@ def test_bucketed_tokens_are_the_unpadded_tokens(pair, temperature, drafter):
 def test_bucketed_target_only_tokens_are_the_unpadded_tokens(pair, temperature):
     target, _ = pair
     outs = [gen.generate_autoregressive(jax.random.key(8), target, PROMPTS, max_new_tokens=12,
-                                        temperature=temperature, prompt_bucket=b) for b in (None, 32)]
+                                        sampling=Sampling(temperature=temperature), prompt_bucket=b)
+            for b in (None, 32)]
     np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
     np.testing.assert_array_equal(np.asarray(outs[0].lengths), np.asarray(outs[1].lengths))
 

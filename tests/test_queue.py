@@ -41,7 +41,7 @@ def _fields(a, b):
 def test_queue_equals_decoding_every_prompt_at_once(models, drafter, tree, temperature):
     target, draft, head = models
     d = draft if drafter == "draft" else head
-    kw = dict(max_new_tokens=9, tree=tree, temperature=temperature, stop_tokens=STOP)
+    kw = dict(max_new_tokens=9, tree=tree, sampling=jaxspec.Sampling(temperature=temperature), stop_tokens=STOP)
     full = jaxspec.generate(jax.random.key(1), target, d, PROMPTS, **kw)
     lengths = np.asarray(full.lengths)
     assert len(set(lengths.tolist())) > 2 and lengths.min() < 9  # rows end at different times (stops)
@@ -50,16 +50,16 @@ def test_queue_equals_decoding_every_prompt_at_once(models, drafter, tree, tempe
         assert _fields(full, q) == dict.fromkeys(full._fields, True), (rows, _fields(full, q))
     if temperature == 0.0:
         ar = jaxspec.generate_autoregressive(jax.random.key(1), target, PROMPTS, max_new_tokens=9,
-                                             temperature=0.0, stop_tokens=STOP)
+                                             sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=STOP)
         np.testing.assert_array_equal(np.asarray(full.tokens), np.asarray(ar.tokens))
 
 
 def test_queue_with_an_ngram_draft_is_greedy_target_only(models):
     target, _, _ = models
-    kw = dict(max_new_tokens=9, tree="chain:2", temperature=0.0, stop_tokens=STOP)
+    kw = dict(max_new_tokens=9, tree="chain:2", sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=STOP)
     q = jaxspec.generate(jax.random.key(1), target, jaxspec.NgramDraft(), PROMPTS, rows=3, **kw)
-    ar = jaxspec.generate_autoregressive(jax.random.key(1), target, PROMPTS, max_new_tokens=9, temperature=0.0,
-                                         stop_tokens=STOP)
+    ar = jaxspec.generate_autoregressive(jax.random.key(1), target, PROMPTS, max_new_tokens=9,
+                                         sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=STOP)
     np.testing.assert_array_equal(np.asarray(q.tokens), np.asarray(ar.tokens))
     np.testing.assert_array_equal(np.asarray(q.lengths), np.asarray(ar.lengths))
     assert (np.asarray(q.target_calls) <= np.asarray(q.lengths)).all()
@@ -68,7 +68,7 @@ def test_queue_with_an_ngram_draft_is_greedy_target_only(models):
 def test_rows_at_least_the_prompts_is_the_plain_loop(models):
     """``rows >= N`` runs the plain loop: the same result as ``rows=None``."""
     target, draft, _ = models
-    kw = dict(max_new_tokens=5, tree="chain:2", temperature=1.0, stop_tokens=STOP)
+    kw = dict(max_new_tokens=5, tree="chain:2", sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=STOP)
     plain = jaxspec.generate(jax.random.key(2), target, draft, PROMPTS[:3], **kw)
     for rows in (3, 8):
         same = _fields(plain, jaxspec.generate(jax.random.key(2), target, draft, PROMPTS[:3], rows=rows, **kw))
@@ -81,7 +81,7 @@ def test_a_queue_row_is_refilled_with_its_own_prompt(models):
     rows with distinct draws (the keys are per prompt)."""
     target, draft, _ = models
     q = jaxspec.generate(jax.random.key(3), target, draft, [[1, 2]] * 12, rows=4, max_new_tokens=6, tree="chain:2",
-                         temperature=1.0, stop_tokens=())
+                         sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=())
     toks = np.asarray(q.tokens)
     assert (np.asarray(q.lengths) == 6).all() and (toks >= 0).all()
     assert (np.asarray(q.rounds) >= 2).all() and (np.asarray(q.tau) <= 3).all()  # chain:2: <= 3 tokens a round
@@ -91,7 +91,8 @@ def test_a_queue_row_is_refilled_with_its_own_prompt(models):
 @pytest.mark.parametrize("kwargs, message", [
     ({"rows": 0}, "rows = 0: expected None or an integer >= 1"),
     ({"rows": 2.5}, "rows = 2.5: expected None or an integer >= 1"),
-    ({"rows": 2, "on_round": lambda t, n: None}, "rows: on_round streams the rows of one batch"),
+    ({"rows": 2, "on_round": lambda t, n: None}, "on_round streams the rows of one batch, and with continuous "
+                                                 "batching a row changes prompts; expected on_round None (or rows None)"),
 ])
 def test_bad_rows_are_refused(models, kwargs, message):
     target, draft, _ = models
@@ -103,7 +104,8 @@ def test_bad_rows_are_refused(models, kwargs, message):
 def test_rows_refuse_a_mesh(models):
     target, draft, _ = models
     mesh = jaxspec.make_mesh(data=1)
-    with pytest.raises(ValueError, match="rows: continuous batching runs on one device"):
+    with pytest.raises(jaxspec.SettingError, match=r"^rows = 2 and mesh = .*: continuous batching runs on one device; "
+                                                   r"expected mesh None"):
         gen.build_config(target, draft, prompt_length=4, max_new_tokens=4, tree=2, mesh=mesh, rows=2)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from jaxspec import Sampling
 from jaxspec.cli import main
 from jaxspec.nn.checkpoint import save_model
 from jaxspec.nn.model import init_model
@@ -84,7 +85,7 @@ _JAX_MESH = textwrap.dedent("""
 
     t, d = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1, head_scale=4.0)
     prompts = [[1, 2, 3], [4, 5], [6]]
-    kw = dict(max_new_tokens=6, temperature=1.0, stop_tokens=())
+    kw = dict(max_new_tokens=6, sampling=Sampling(temperature=1.0), stop_tokens=())
 
     def tokens(fn):
         try:
@@ -226,7 +227,7 @@ def test_distill_init_with_another_config_names_the_flag(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needles", [
     # a top-k above the vocabulary keeps every token: 4**12 cells
     (["--top-k", "100", "--horizon", "12"],
-     ["--top-k 100 and --horizon 12", "4**12 = 16777216 joint cells", "more than 1048576"]),
+     ["--top-k 100 and --horizon 12", "4**12 = 16777216 joint cells", "more than MAX_CELLS = 1048576"]),
     (["--top-k", "3", "--horizon", "13"], ["--top-k 3 and --horizon 13", "3**13 = 1594323 joint cells"]),
 ])
 def test_verify_refuses_too_many_cells_before_enumerating(monkeypatch, capsys, argv, needles):
@@ -251,8 +252,9 @@ def test_verify_library_refuses_too_many_cells_with_a_top_k(monkeypatch):
     import jaxspec.exactness.harness as harness
 
     monkeypatch.setattr(harness, "exact_law", lambda *a, **k: pytest.fail("exact_law was called"))
-    with pytest.raises(ValueError, match=r"top_k = 100, horizon = 12: 4\*\*12 = 16777216 joint cells"):
-        jaxspec.verify(top_k=100, horizon=12, num_samples=1000, progress=False)
+    with pytest.raises(jaxspec.SettingError, match=r"^top_k = 100 and horizon = 12: min\(top_k, the target's 4 tokens\) "
+                                                   r"give up to 4\*\*12 = 16777216 joint cells"):
+        jaxspec.verify(sampling=jaxspec.Sampling(top_k=100), horizon=12, num_samples=1000, progress=False)
 
 
 # ----------------------------------------------------------------------------- a caller's rule or drafter

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxspec import Sampling
 from jaxspec.bench import round_cost, scopes
 from jaxspec.cli import main
 from jaxspec.decode import generate as gen
@@ -102,8 +103,9 @@ def _cache(model, b):
 
 def _configs(target, draft, tokens, tree="chain:2"):
     scfg, t, dt = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=6, tree=tree,
-                                   temperature=1.0)
-    acfg, at = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=6, temperature=1.0)
+                                   sampling=Sampling(temperature=1.0))
+    acfg, at = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=6,
+                                   sampling=Sampling(temperature=1.0))
     return scfg, t, dt, acfg, at
 
 
@@ -117,16 +119,18 @@ def test_entry_points_the_benchmark_times_match_generate():
     lens = jnp.asarray([3, 2], jnp.int32)
     scfg, t, dt, acfg, at = _configs(target, draft, tokens)
     assert scfg == gen.build_config(target, draft, prompt_length=3, max_new_tokens=6, tree="chain:2",
-                                    temperature=1.0, graphdefs=(nnx.graphdef(target), nnx.graphdef(draft)))[0]
-    assert acfg == gen.build_ar_config(target, prompt_length=3, max_new_tokens=6, temperature=1.0,
+                                    sampling=Sampling(temperature=1.0),
+                                    graphdefs=(nnx.graphdef(target), nnx.graphdef(draft)))[0]
+    assert acfg == gen.build_ar_config(target, prompt_length=3, max_new_tokens=6, sampling=Sampling(temperature=1.0),
                                        graphdef=nnx.graphdef(target))[0]
     key = jax.random.key(3)
-    want = gen.generate(key, target, draft, prompts, max_new_tokens=6, tree="chain:2", temperature=1.0,
-                        stop_tokens=())
+    want = gen.generate(key, target, draft, prompts, max_new_tokens=6, tree="chain:2",
+                        sampling=Sampling(temperature=1.0), stop_tokens=())
     got = gen.run_compiled(scfg, nnx.state(target), nnx.state(draft), key, tokens, lens, t, dt, ())
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    want = gen.generate_autoregressive(key, target, prompts, max_new_tokens=6, temperature=1.0, stop_tokens=())
+    want = gen.generate_autoregressive(key, target, prompts, max_new_tokens=6,
+                                       sampling=Sampling(temperature=1.0), stop_tokens=())
     got = gen.run_compiled_autoregressive(acfg, nnx.state(target), key, tokens, lens, at, ())
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

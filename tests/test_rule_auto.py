@@ -37,7 +37,7 @@ def test_generate_default_is_the_automatic_rule(pair, tree, resolved):
     """Same key: the default's tokens are those of the rule it resolves to (at temperature 1,
     where block and token differ on chains)."""
     target, draft = pair
-    kw = dict(max_new_tokens=24, tree=tree, scheme="iid", temperature=1.0)
+    kw = dict(max_new_tokens=24, tree=tree, scheme="iid", sampling=jaxspec.Sampling(temperature=1.0))
     a = gen.generate(jax.random.key(3), target, draft, PROMPTS, **kw)
     b = gen.generate(jax.random.key(3), target, draft, PROMPTS, rule=resolved, **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))

@@ -62,7 +62,7 @@ def test_the_decode_path_imports_only_jax_flax_numpy(tmp_path):
         target = jaxspec.load_model("default-target")
         draft = jaxspec.load_model("default-draft")
         res = jaxspec.generate(jax.random.key(0), target, draft, [[1, 2, 3]], max_new_tokens=4, tree="chain:2",
-                               temperature=1.0)
+                               sampling=jaxspec.Sampling(temperature=1.0))
         res.tokens.block_until_ready()
         from jaxspec.core import cpu_rng
         print(json.dumps({"same_handler": signal.getsignal(signal.SIGINT) is before,

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from jaxspec import Sampling  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.decode.ngram import NgramDraft  # noqa: E402
 from jaxspec.nn.checkpoint import load_model  # noqa: E402
@@ -117,14 +118,14 @@ def _tokens(result) -> list[int]:
 
 def test_greedy_target_only_equals_transformers(ours, prompt, hf_greedy):
     got = _tokens(generate_autoregressive(jax.random.key(0), ours, [prompt], max_new_tokens=NEW,
-                                          temperature=0.0, stop_tokens=()))
+                                          sampling=Sampling(temperature=0.0), stop_tokens=()))
     assert len(got) == NEW
     _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, "target-only")
 
 
 def test_greedy_speculative_with_prompt_lookup_equals_transformers(ours, prompt, hf_greedy):
-    res = generate(jax.random.key(0), ours, NgramDraft(), [prompt], max_new_tokens=NEW, temperature=0.0,
-                   stop_tokens=(), tree="chain:4")
+    res = generate(jax.random.key(0), ours, NgramDraft(), [prompt], max_new_tokens=NEW,
+                   sampling=Sampling(temperature=0.0), stop_tokens=(), tree="chain:4")
     got = _tokens(res)
     assert len(got) == NEW
     _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, "speculative (prompt lookup)")

@@ -10,6 +10,7 @@ import pytest
 from _tiny import DRAFTERS, assert_same_results, tiny_drafter, tiny_pair
 from flax import nnx
 
+from jaxspec import Sampling
 from jaxspec.decode import generate as gen
 
 V = 8
@@ -51,7 +52,7 @@ def _check_stream(plain, streamed, rec: Recorder):
 def test_streamed_generation_is_the_loop(pair, drafter, temperature):
     target, draft = pair
     draft = tiny_drafter(drafter, target, draft)
-    kw = dict(max_new_tokens=12, tree="chain:3", temperature=temperature, stop_tokens=(0,))
+    kw = dict(max_new_tokens=12, tree="chain:3", sampling=Sampling(temperature=temperature), stop_tokens=(0,))
     plain = gen.generate(jax.random.key(11), target, draft, PROMPTS, **kw)
     rec = Recorder()
     streamed = gen.generate(jax.random.key(11), target, draft, PROMPTS, on_round=rec, **kw)
@@ -62,7 +63,7 @@ def test_streamed_generation_is_the_loop(pair, drafter, temperature):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_streamed_target_only_is_the_loop(pair, temperature):
     target, _ = pair
-    kw = dict(max_new_tokens=12, temperature=temperature, stop_tokens=(0,))
+    kw = dict(max_new_tokens=12, sampling=Sampling(temperature=temperature), stop_tokens=(0,))
     plain = gen.generate_autoregressive(jax.random.key(12), target, PROMPTS, **kw)
     rec = Recorder()
     streamed = gen.generate_autoregressive(jax.random.key(12), target, PROMPTS, on_round=rec, **kw)
@@ -71,7 +72,7 @@ def test_streamed_target_only_is_the_loop(pair, temperature):
 
 def test_a_branching_tree_streams_its_rounds(pair):
     target, draft = pair
-    kw = dict(max_new_tokens=12, tree="branch:2,2", temperature=1.0, stop_tokens=())
+    kw = dict(max_new_tokens=12, tree="branch:2,2", sampling=Sampling(temperature=1.0), stop_tokens=())
     plain = gen.generate(jax.random.key(13), target, draft, PROMPTS, **kw)
     rec = Recorder()
     _check_stream(plain, gen.generate(jax.random.key(13), target, draft, PROMPTS, on_round=rec, **kw), rec)

@@ -39,7 +39,7 @@ def pair():
                                          ("branch:3,1", "iid")])
 def test_greedy_equals_target_only(pair, tree, scheme):
     target, user = pair
-    kw = dict(max_new_tokens=12, temperature=0.0, stop_tokens=())
+    kw = dict(max_new_tokens=12, sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
     spec = jaxspec.generate(jax.random.key(0), target, user, PROMPTS, tree=tree, scheme=scheme, **kw)
     ref = jaxspec.generate_autoregressive(jax.random.key(1), target, PROMPTS, **kw)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ref.tokens))
@@ -50,7 +50,7 @@ def test_greedy_equals_target_only(pair, tree, scheme):
 
 def test_rows_and_streaming_give_the_batch_tokens(pair):
     target, user = pair
-    kw = dict(max_new_tokens=10, temperature=1.0, tree="branch:2,1", stop_tokens=(5,))
+    kw = dict(max_new_tokens=10, sampling=jaxspec.Sampling(temperature=1.0), tree="branch:2,1", stop_tokens=(5,))
     batch = jaxspec.generate(jax.random.key(3), target, user, PROMPTS, **kw)
     queued = jaxspec.generate(jax.random.key(3), target, user, PROMPTS, rows=2, **kw)
     seen = []
@@ -69,7 +69,8 @@ def law_pair():
 @pytest.mark.parametrize("tree,scheme", [("branch:2,2", "without_replacement"), ("chain:2", "iid")])
 def test_exactness_harness_passes_the_user_drafter(law_pair, tree, scheme):
     target, user = law_pair
-    r = verify(target, user, tree=tree, scheme=scheme, temperature=1.0, num_samples=LAW_SAMPLES, seed=0,
+    r = verify(target, user, tree=tree, scheme=scheme,
+               sampling=jaxspec.Sampling(temperature=1.0), num_samples=LAW_SAMPLES, seed=0,
                progress=False)
     print(r.summary())
     assert r.passed, r.summary()
@@ -84,7 +85,8 @@ def test_exactness_harness_rejects_a_lying_drafter(law_pair, tree):
     """The drafter draws its tokens from one law and hands the rule another: the output
     law is no longer the target's, and the harness must say so."""
     target, user = law_pair
-    r = verify(target, lying(user), tree=tree, scheme="iid", temperature=1.0, num_samples=LAW_SAMPLES, seed=0,
+    r = verify(target, lying(user), tree=tree, scheme="iid",
+               sampling=jaxspec.Sampling(temperature=1.0), num_samples=LAW_SAMPLES, seed=0,
                check_acceptance=False, progress=False)
     joint = next(t for t in r.tests if t.name == "joint chi2 vs exact")
     print(tree, joint)

@@ -16,9 +16,10 @@ For the acceptance rule the ahead-of-time stages are also timed separately:
 
 Then, with ``processes`` (full and quick), the command line's persistent compilation
 cache: ``jaxspec generate --json`` (speculative, and ``--baseline``) in processes sharing a
-fresh cache folder, once with the command line's default cache (JAX's executables and
-jaxspec's traced programs, :mod:`jaxspec.decode.program_store`) and once with the
-executables only (``$JAXSPEC_PROGRAM_STORE=off``): the first process of each (the cache
+fresh cache folder, once with JAX's executables and jaxspec's traced programs
+(``$JAXSPEC_PROGRAM_STORE=on``, the opt-in of ``--program-store``,
+:mod:`jaxspec.decode.program_store`) and once with the executables only
+(``$JAXSPEC_PROGRAM_STORE=off``, the command line's default): the first process of each (the cache
 empty), then ``process_turns`` second processes on the same prompt, the two caches taking
 turns, and one on a prompt of another length in the same 32-token bucket. Each records the
 first call's ``seconds_with_compile`` (compile or load, then one generation), the timed
@@ -128,14 +129,15 @@ def run(size: str = "quick", *, config: CompileBenchConfig | None = None) -> dic
 
         def call(spec=spec, scheme=scheme):
             return jaxspec.generate(jax.random.key(0), target, draft, prompt, max_new_tokens=m, tree=spec,
-                                    scheme=scheme, temperature=1.0)
+                                    scheme=scheme, sampling=jaxspec.Sampling(temperature=1.0))
 
         first, steady = _first_and_steady(call, cfg.repeats)
         record({"name": f"generate {tree}", "kind": "generate", "tree": tree, "scheme": scheme,
                 "first_call_s": first, "steady_call_s": steady})
 
     def ar():
-        return jaxspec.generate_autoregressive(jax.random.key(0), target, prompt, max_new_tokens=m, temperature=1.0)
+        return jaxspec.generate_autoregressive(jax.random.key(0), target, prompt, max_new_tokens=m,
+                                               sampling=jaxspec.Sampling(temperature=1.0))
 
     first, steady = _first_and_steady(ar, cfg.repeats)
     record({"name": "generate_autoregressive", "kind": "generate_autoregressive", "first_call_s": first,
@@ -173,7 +175,7 @@ def _cache_entries(folder: pathlib.Path) -> int:
 PROCESS_MODES = ("speculative", "target-only", "text", "verify")
 VERIFY_SAMPLES = 10_000  # enough for one block of the harness; the process times its programs
 #: the two caches a process row runs with: JAX's executables and jaxspec's traced programs
-#: (the command line's default), or the executables only ($JAXSPEC_PROGRAM_STORE=off)
+#: ($JAXSPEC_PROGRAM_STORE=on: --program-store), or the executables only (=off: the command line's default)
 STORES = ("executables and programs", "executables only")
 
 
@@ -202,9 +204,9 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
     """The first and second processes of ``jaxspec generate`` (or ``verify``) over one fresh
     persistent compilation cache per mode and store (module docstring): per mode, the first
     process of each store, then ``turns`` second processes of each taking turns, then (not
-    in text or verify mode) one on a prompt of another length with the default store. The environment is
-    this process's less any JAX cache settings of its own, so the command line's own cache
-    is what is timed."""
+    in text or verify mode) one on a prompt of another length with the first store (programs
+    too). The environment is this process's less any JAX cache settings of its own, so the
+    command line's own cache is what is timed."""
     rows = []
     env = {k: v for k, v in os.environ.items()
            if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -220,7 +222,7 @@ def process_rows(max_new_tokens: int, prompts: tuple[str, str] = PROCESS_PROMPTS
                 folder = pathlib.Path(tmp) / mode / str(STORES.index(store))
                 command = _command(mode, prompt, max_new_tokens)
                 argv = [sys.executable, "-m", "jaxspec.cli", *command]
-                store_env = {} if store == STORES[0] else {"JAXSPEC_PROGRAM_STORE": "off"}
+                store_env = {"JAXSPEC_PROGRAM_STORE": "on" if store == STORES[0] else "off"}
                 t0 = time.perf_counter()
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
                                    env=dict(env, JAXSPEC_COMPILATION_CACHE=str(folder), **store_env))

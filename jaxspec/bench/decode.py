@@ -48,6 +48,7 @@ import jax
 import numpy as np
 
 from jaxspec.bench import common
+from jaxspec.core.settings import Sampling
 from jaxspec.core.treespec import DynamicTree, StaticTree, parse_tree
 
 # the module itself: the package re-exports the function ``generate`` under the same name
@@ -158,7 +159,8 @@ def _acceptance(target, draft, cfg: DecodeBenchConfig, temperature: float) -> di
     corpus = load_corpus(max_files=cfg.acceptance_max_files)
     windows = eval_windows(corpus.val, cfg.acceptance_windows, cfg.acceptance_seq_len)  # int32[W, T + 1]
     scheme = "deterministic" if temperature == 0.0 else "without_replacement"
-    est = measure_acceptance(target, draft, windows, max_rank=cfg.max_rank, scheme=scheme, temperature=temperature,
+    est = measure_acceptance(target, draft, windows, max_rank=cfg.max_rank, scheme=scheme,
+                             sampling=Sampling(temperature=temperature),
                              key=jax.random.key(7), num_draws=cfg.num_draws)
     return {"temperature": temperature, "scheme": scheme, "mean": [float(x) for x in est.mean],
             "stderr": [float(x) for x in np.nan_to_num(est.stderr)], "num_positions": int(est.num_positions),
@@ -233,7 +235,7 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
 
             def ar(i, temp=temp, prompts=prompts):
                 return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
-                                                   temperature=temp, stop_tokens=())
+                                                   sampling=Sampling(temperature=temp), stop_tokens=())
 
             for name in trees:
                 spec, label, kind = _resolve(name, optimized.get(temp))
@@ -248,7 +250,8 @@ def run(size: str = "quick", *, config: DecodeBenchConfig | None = None, rule: s
 
                 def sp(i, temp=temp, spec=spec, scheme=scheme, prompts=prompts):
                     return gen.generate(jax.random.key(2000 + i), target, draft, prompts, max_new_tokens=m,
-                                        tree=spec, scheme=scheme, temperature=temp, rule=rule, stop_tokens=())
+                                        tree=spec, scheme=scheme, sampling=Sampling(temperature=temp), rule=rule,
+                                        stop_tokens=())
 
                 fns = {"ar": ar, "spec": sp, "target_step": target_step, "draft_step": draft_step,
                        "verify": common.forward_loop([(target, n + 1)], batch, cap, mid, cfg.loops)}

@@ -44,6 +44,7 @@ from flax import nnx
 
 from jaxspec.bench import common
 from jaxspec.bench.decode import BATCH_PROMPTS
+from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -204,14 +205,14 @@ def _measure(cfg, target, draft, head, batch, sets, temp) -> list[dict]:
 
     def ar(i, prompts):
         return gen.generate_autoregressive(jax.random.key(1000 + i), target, prompts, max_new_tokens=m,
-                                           temperature=temp, stop_tokens=())
+                                           sampling=Sampling(temperature=temp), stop_tokens=())
 
     fns = {"target-only": _in_turn(ar, sets)}
     for spec in cfg.trees:
         for kind, model in (("draft", draft), ("head", head)):
             def sp(i, prompts, spec=spec, model=model):
                 return gen.generate(jax.random.key(2000 + i), target, model, prompts, max_new_tokens=m, tree=spec,
-                                    temperature=temp, stop_tokens=())
+                                    sampling=Sampling(temperature=temp), stop_tokens=())
             fns[f"{kind} {spec}"] = _in_turn(sp, sets)
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
     sec = common.medians(turns)

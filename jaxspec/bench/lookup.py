@@ -36,6 +36,7 @@ import numpy as np
 
 from jaxspec.bench import common
 from jaxspec.bench.decode import BATCH_PROMPTS
+from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -105,7 +106,7 @@ def _prompts(cfg: LookupBenchConfig, target, tok) -> dict[str, list[list[int]]]:
     self_prompts = []
     for x in code:
         y = gen.generate_autoregressive(jax.random.key(0), target, [x], max_new_tokens=cfg.max_new_tokens,
-                                        temperature=0.0, stop_tokens=())
+                                        sampling=Sampling(temperature=0.0), stop_tokens=())
         self_prompts.append(x + np.asarray(y.tokens)[0].tolist() + x)
     return {"grounded": grounded, "self": self_prompts, "code": code}
 
@@ -141,18 +142,18 @@ def _measure(cfg, target, draft, workload, p_idx, ids, temp, m) -> list[dict]:
 
     def ar(i):
         return gen.generate_autoregressive(jax.random.key(1000 + i), target, [ids], max_new_tokens=m,
-                                           temperature=temp, stop_tokens=())
+                                           sampling=Sampling(temperature=temp), stop_tokens=())
 
     fns = {"target-only": ar}
     for spec in cfg.ngram_trees:
         def ng(i, spec=spec):
             return gen.generate(jax.random.key(2000 + i), target, lookup, [ids], max_new_tokens=m, tree=spec,
-                                temperature=temp, stop_tokens=())
+                                sampling=Sampling(temperature=temp), stop_tokens=())
         fns[f"ngram {spec}"] = ng
 
     def dm(i):
         return gen.generate(jax.random.key(2000 + i), target, draft, [ids], max_new_tokens=m, tree="chain:4",
-                            temperature=temp, stop_tokens=())
+                            sampling=Sampling(temperature=temp), stop_tokens=())
 
     fns["draft chain:4"] = dm
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxspec.bench import common
+from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -95,7 +96,7 @@ def run(size: str = "quick", *, config: QueueBenchConfig | None = None) -> dict:
 def _measure(cfg: QueueBenchConfig, target, drafters: dict, ps: list[list[int]], temp: float) -> list[dict]:
     m, r = cfg.max_new_tokens, cfg.rows
     batches = [ps[i : i + r] for i in range(0, len(ps), r)]
-    kw = dict(max_new_tokens=m, temperature=temp, stop_tokens=())
+    kw = dict(max_new_tokens=m, sampling=Sampling(temperature=temp), stop_tokens=())
 
     def ar(i):
         return common.joined_results([gen.generate_autoregressive(jax.random.fold_in(jax.random.key(1000 + i), j), target, b, **kw)

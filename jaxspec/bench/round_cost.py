@@ -53,6 +53,7 @@ import numpy as np
 from flax import nnx
 
 from jaxspec.bench import common, scopes
+from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -170,7 +171,8 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     tdef, tstate = nnx.split(target)
     ddef, dstate = nnx.split(draft)
     scfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=m,
-                                            tree=spec, scheme=scheme, temperature=temp, graphdefs=(tdef, ddef))
+                                            tree=spec, scheme=scheme, sampling=Sampling(temperature=temp),
+                                            graphdefs=(tdef, ddef))
     scfg, tokens = _bucketed(scfg, tokens, (target, draft))
     prefill = jax.jit(lambda ts, ds, tok, ln: gen.start_program(scfg, ts, ds, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2  # the cache fill at which forwards are costed
@@ -180,7 +182,7 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
 
     def call(i):
         return gen.generate(key, target, draft, prompts, max_new_tokens=m, tree=spec,
-                            scheme=scheme, temperature=temp, stop_tokens=())
+                            scheme=scheme, sampling=Sampling(temperature=temp), stop_tokens=())
 
     def compiled(i):
         return gen.run_compiled(scfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, ())
@@ -227,8 +229,8 @@ def _bucketed(config, tokens, models):
 def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: float) -> dict:
     m = cfg.max_new_tokens
     tdef, tstate = nnx.split(target)
-    acfg, a_temp = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=m, temperature=temp,
-                                       graphdef=tdef)
+    acfg, a_temp = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=m,
+                                       sampling=Sampling(temperature=temp), graphdef=tdef)
     acfg, tokens = _bucketed(acfg, tokens, (target,))
     prefill = jax.jit(lambda ts, tok, ln: gen.start_program(acfg, ts, None, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2
@@ -238,7 +240,7 @@ def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: floa
 
     def call(i):
         return gen.generate_autoregressive(key, target, prompts, max_new_tokens=m,
-                                           temperature=temp, stop_tokens=())
+                                           sampling=Sampling(temperature=temp), stop_tokens=())
 
     def compiled(i):
         return gen.run_compiled_autoregressive(acfg, tstate, key, tokens, lens, a_temp, ())

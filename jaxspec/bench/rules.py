@@ -42,6 +42,7 @@ from jaxspec.bench import common
 from jaxspec.bench.decode import DEFAULT_PROMPT, sibling_scheme
 from jaxspec.core import rules as rules_mod
 from jaxspec.core import sampling
+from jaxspec.core.settings import Sampling
 from jaxspec.core.treespec import StaticTree, parse_tree
 
 # the module itself: the package re-exports the function ``generate`` under the same name
@@ -205,7 +206,7 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
     for temp in cfg.temperatures:
         def ar(i, temp=temp):
             return gen.generate_autoregressive(jax.random.key(1000 + i), target, [prompt], max_new_tokens=m,
-                                               temperature=temp, stop_tokens=())
+                                               sampling=Sampling(temperature=temp), stop_tokens=())
 
         for spec, rule_names in cfg.generate:
             tree = parse_tree(spec)
@@ -215,7 +216,8 @@ def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
                 def sp(i, r=r, temp=temp, tree=tree, scheme=scheme):
                     # the same key for every rule: turn i of each rule sees the same draws
                     return gen.generate(jax.random.key(2000 + i), target, draft, [prompt], max_new_tokens=m,
-                                        tree=tree, scheme=scheme, temperature=temp, rule=r, stop_tokens=())
+                                        tree=tree, scheme=scheme, sampling=Sampling(temperature=temp), rule=r,
+                                        stop_tokens=())
                 fns[r] = sp
             totals = {r: [0, 0] for r in rule_names}  # tokens, target calls over every timed call
             tokens_of = {r: [] for r in rule_names}

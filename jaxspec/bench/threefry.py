@@ -30,6 +30,7 @@ from flax import nnx
 
 from jaxspec.bench import common
 from jaxspec.core import cpu_rng
+from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
@@ -73,7 +74,7 @@ def _cases(cfg: ThreefryBenchConfig, target, draft):
         _, tokens, lens = inputs(batch, target.config.vocab_size)
         for temp in cfg.temperatures:
             acfg, at = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=cfg.max_new_tokens,
-                                           temperature=temp)
+                                           sampling=Sampling(temperature=temp))
 
             def ar(fn, i, at=at, tokens=tokens, lens=lens):
                 return fn(tstate, jax.random.key(1000), tokens, lens, jnp.float32(at), stop)
@@ -83,7 +84,8 @@ def _cases(cfg: ThreefryBenchConfig, target, draft):
                 spec = parse_tree(tree)
                 scfg, t, dt = gen.build_config(target, draft, prompt_length=tokens.shape[1],
                                                max_new_tokens=cfg.max_new_tokens, tree=spec,
-                                               scheme=sibling_scheme(spec, temp), temperature=temp)
+                                               scheme=sibling_scheme(spec, temp),
+                                               sampling=Sampling(temperature=temp))
 
                 def sp(fn, i, t=t, dt=dt, tokens=tokens, lens=lens):
                     return fn(tstate, dstate, jax.random.key(2000), tokens, lens, jnp.float32(t),
