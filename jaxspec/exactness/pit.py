@@ -13,6 +13,11 @@ target forward per sample gives every ``p(. | prefix_t)``::
     result = pit_tests(pit, alpha=1e-3)   # χ² by position and pooled, KS pooled; Bonferroni
     assert result.passed, result.summary()
 
+Any order that is a fixed function of the prefix keeps the ``U_t`` uniform: ``order="id"``
+(ascending token id, the order the library's samplers invert the CDF in) sees errors in the
+uniforms behind a draw that the descending-``p`` order averages away; pass
+``order=("p", "id")`` for both from the same forwards, and both to :func:`pit_tests`.
+
 A token with ``p(x_t | prefix_t) == 0`` is impossible under the target law: it is counted
 (``PitValues.impossible``), its ``U`` is NaN, and any such token is a certain rejection of
 the tests that see it (p-value 0). At temperature 0 ``p`` is one-hot: the greedy token gets
