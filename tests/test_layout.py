@@ -648,13 +648,14 @@ CLI_SNAPSHOT = {
     "generate": ([
         "--auto-budgets", "--auto-max-depth", "--baseline", "--chat", "--compare", "--draft", "--dtype", "--help",
         "--json",
-        "--max-new-tokens", "--mesh", "--no-compile-cache", "--no-warmup", "--prompt", "--retune", "--rule", "--scheme", "--seed",
-        "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns", "-h",
+        "--max-new-tokens", "--mesh", "--min-p", "--no-compile-cache", "--no-warmup", "--program-store", "--prompt",
+        "--retune", "--rule", "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns",
+        "-h",
     ], []),
     "verify": ([
-        "--alpha", "--chunk-size", "--draft", "--draft-temperature", "--draft-top-k", "--draft-top-p", "--help",
-        "--horizon", "--json", "--mesh", "--mutant", "--no-acceptance", "--no-compile-cache", "--no-progress", "--plots", "--prompt",
-        "--prompt-bucket", "--rule", "--samples",
+        "--alpha", "--chunk-size", "--draft", "--draft-min-p", "--draft-temperature", "--draft-top-k", "--draft-top-p",
+        "--help", "--horizon", "--json", "--mesh", "--min-p", "--mutant", "--no-acceptance", "--no-compile-cache",
+        "--no-progress", "--plots", "--program-store", "--prompt", "--prompt-bucket", "--rule", "--samples",
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),
 }

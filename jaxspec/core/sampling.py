@@ -213,18 +213,6 @@ def _normalize_masked(z, mask):
     return e / jnp.where(s > 0, s, 1.0), s > 0
 
 
-def draft_warp_args(scheme, temperature, top_k, top_p, draft_temperature=None,
-                    draft_top_k=None, draft_top_p=None):
-    """The draft's proposal warp ``(temperature, top_k, top_p)``: each ``draft_*`` left as
-    ``None`` inherits the target's value under the sampling schemes (``iid``,
-    ``without_replacement``); under ``deterministic`` (the draft only ranks candidates) it
-    means temperature 1 and no top-k / top-p. The one rule shared by generation, the
-    exactness harness and acceptance measurement."""
-    defaults = (1.0, None, None) if scheme == "deterministic" else (temperature, top_k, top_p)
-    given = (draft_temperature, draft_top_k, draft_top_p)
-    return tuple(d if g is None else g for d, g in zip(defaults, given))
-
-
 def warp_probs(logits, *, temperature=1.0, top_k: int | None = None, top_p=None, min_p=None):
     """float32[..., V] law defined by temperature, then top-k, then top-p, then min-p.
 

@@ -79,7 +79,7 @@ def _too_many_siblings(k) -> bool:
 def _siblings_expected(k) -> str:
     tree, v = k["tree"], k["vocab_size"]
     if isinstance(tree, DynamicTree):
-        return f"a dynamic tree's topk ({tree.topk}) is at most vocab_size ({v}); expected a smaller topk"
+        return f"a dynamic tree's topk ({tree.topk}) exceeds the vocabulary ({v} tokens); expected topk <= {v}"
     return (f"a node has {tree.max_siblings} children, more than the {v} distinct tokens of the vocabulary that "
             f"scheme {k['scheme']!r} draws them from; expected scheme 'iid' or a narrower tree")
 

@@ -229,10 +229,11 @@ def build_config(
     rows = _check_rows(rows)
     if scheme is not None:
         core_sampling.check_scheme(scheme)
-    check_settings(tree=spec, scheme=scheme, rule=rule, mesh=mesh, rows=rows)  # before the drafter's own
+    shown = {"tree": tree} if isinstance(tree, str) else None  # a spec is named as the caller wrote it
+    check_settings(shown, tree=spec, scheme=scheme, rule=rule, mesh=mesh, rows=rows)  # before the drafter's own
     scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, draft_sampling))  # the drafter's refusals
     core_sampling.check_scheme(scheme)
-    check_settings(tree=spec, scheme=scheme, rule=rule, vocab_size=v)  # with the scheme the drafter chose
+    check_settings(shown, tree=spec, scheme=scheme, rule=rule, vocab_size=v)  # with the scheme the drafter chose
     dlaw = draft_law(scheme, law, draft_sampling)
     capacity = int(prompt_length) + m + spec.cache_slots + 1
     for name, model in (("target", target), ("draft", drafter)):

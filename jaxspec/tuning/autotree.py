@@ -67,6 +67,7 @@ from jaxspec.core import rules
 from jaxspec.core.sampling import check_scheme
 from jaxspec.core.settings import Sampling, check_sampling, draft_law
 from jaxspec.decode.combinations import check_settings
+from jaxspec.errors import SettingError
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.draft import ModelDraft
 from jaxspec.decode.round import (
@@ -209,8 +210,12 @@ def _warp_entry(law: Sampling) -> list:
 
 
 def _check_rule(rule) -> str:
-    """A rule name every candidate tree takes (the settings table's ``auto`` rows)."""
-    check_settings(auto=True, rule=rule)
+    """A rule name every candidate tree takes (the settings table's ``auto`` rows, named
+    by the one argument the caller gave)."""
+    try:
+        check_settings(auto=True, rule=rule)
+    except SettingError as e:
+        raise SettingError({"rule": rule}, e.expected) from None
     return rule
 
 
