@@ -260,10 +260,10 @@ def test_cache_dir_from_environment(pair, tmp_path, monkeypatch):
         (dict(held_out_tokens=STREAM[:8]), r"held_out_tokens: 8 tokens; expected at least"),
         (dict(held_out_tokens=None), r"held_out_tokens: required for a vocabulary of 64 tokens"),
         (dict(batch_size=0), r"batch_size: expected an integer >= 1, got 0"),
-        (dict(rule="block"), r"^auto = True and rule = 'block': a tree is chosen among branching trees and chains "
+        (dict(rule="block"), r"^rule = 'block': a tree is chosen among branching trees and chains "
                              r"by timing named rules; expected rule 'auto' \(block verification on the chains among "
                              r"them\), 'token' or 'traversal' \(or a chain such as 'chain:4' with rule 'block'"),
-        (dict(rule="greedy"), r"^auto = True and rule = 'greedy': .*expected rule 'auto'"),
+        (dict(rule="greedy"), r"^rule = 'greedy': .*expected rule 'auto'"),
     ],
 )
 def test_auto_tree_validation(pair, tmp_path, kwargs, match):

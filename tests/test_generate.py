@@ -501,7 +501,8 @@ def test_boundary_validation(pair):
     err(r"^scheme = 'iid' and tree = DynamicTree\(depth=2, topk=2, num_nodes=3\): a dynamic tree ranks fixed "
         r"candidates; expected scheme 'deterministic' \(its default\)$", tree=DynamicTree(2, 2, 3), scheme="iid")
     err(r"^tree = DynamicTree\(depth=2, topk=9, num_nodes=9\) and scheme = 'deterministic': a dynamic tree's topk "
-        r"\(9\) is at most vocab_size \(8\)", tree=DynamicTree(2, 9, 9), scheme="deterministic")
+        r"\(9\) exceeds the vocabulary \(8 tokens\); expected topk <= 8", tree=DynamicTree(2, 9, 9),
+        scheme="deterministic")
     err(rf"a node has {V + 1} children, more than the {V} distinct tokens of the vocabulary", tree=(V + 1,),
         scheme="without_replacement")
     err("max_position_embeddings", max_new_tokens=60)
