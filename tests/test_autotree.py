@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxspec import Sampling
-from jaxspec.tuning import autotree
+from jaxspec.tuning import autotree, round_timing
 from jaxspec.tuning.autotree import (
     AutoTreeResult,
     RoundCost,
@@ -158,7 +158,7 @@ def test_costs_are_positive_and_grow_with_the_tree(pair, monkeypatch):
     costs, flops = [], []
     for tree in ([-1], [-1] * 32):
         spy = _JitSpy()
-        monkeypatch.setattr(autotree, "jax", spy)
+        monkeypatch.setattr(round_timing, "jax", spy)
         costs.append(measure_round_cost(target, draft, tree, scheme="deterministic",
                                         context_len=64, loops=4, repeats=5))
         monkeypatch.undo()
@@ -178,14 +178,14 @@ def test_costs_are_positive_and_grow_with_the_tree(pair, monkeypatch):
 
 def test_median_seconds_warms_up_then_takes_median_per_loop(monkeypatch):
     ticks = iter([0.0, 3.0, 10.0, 11.0, 20.0, 22.0, 30.0, 40.0, 50.0, 55.0])  # 3, 1, 2, 10, 5 s
-    monkeypatch.setattr(autotree, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(round_timing, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     calls = []
 
     def fn(i):
         calls.append(i)
         return np.float32(i)
 
-    assert autotree._median_seconds(fn, loops=4, repeats=5) == pytest.approx(3.0 / 4)
+    assert round_timing.median_seconds(fn, loops=4, repeats=5) == pytest.approx(3.0 / 4)
     assert calls == [0, 1, 2, 3, 4, 5]  # one untimed warm-up (compilation), then 5 timed
     assert next(ticks, None) is None  # every timed call read the clock twice
 
@@ -299,13 +299,13 @@ def test_timed_round_uses_the_rule_generate_uses(pair, monkeypatch):
 
     target, draft = pair
     seen = []
-    real = autotree.speculative_round
+    real = round_timing.speculative_round
 
     def spy(cfg, *args):
         seen.append(cfg.parts.accept)
         return real(cfg, *args)
 
-    monkeypatch.setattr(autotree, "speculative_round", spy)
+    monkeypatch.setattr(round_timing, "speculative_round", spy)
     cases = [([-1, 0, 1], "auto", block_accept), ([-1, -1, 0], "auto", accept_core),
              ([-1, 0, 1], "token", accept_core), ([-1, -1, 0], "traversal", traversal_accept)]
     for tree, rule, want in cases:

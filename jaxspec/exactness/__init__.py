@@ -6,7 +6,10 @@ against the exact law (:mod:`~jaxspec.exactness.exact_laws`), counted in streame
 :mod:`~jaxspec.exactness.stats`, reported by :class:`VerifyReport`
 (:mod:`~jaxspec.exactness.report`); :mod:`~jaxspec.exactness.mutants` are decoders broken on
 purpose, to show the harness rejects them; :mod:`~jaxspec.exactness.rule_laws` enumerates the
-exact laws of the verification rules on small bigram tables (float64, no sampling).
+exact laws of the verification rules on small bigram tables (float64, no sampling). Without
+enumeration, at any vocabulary: the conditional PIT (:mod:`~jaxspec.exactness.pit`), hashed
+cells (:mod:`~jaxspec.exactness.hashed`), and both on a decoder written elsewhere
+(:mod:`~jaxspec.exactness.external`).
 
 The package is ``jaxspec.exactness``, not ``jaxspec.verify``: ``jaxspec.verify`` is the
 function.
@@ -20,9 +23,13 @@ from jaxspec.exactness.harness import (
     default_pair,
     verify,
 )
+from jaxspec.exactness.external import SamplerReport, check_sampler
+from jaxspec.exactness.hashed import hash_cells, hashed_tests
+from jaxspec.exactness.pit import pit_tests, pit_values
 from jaxspec.exactness.report import TestResult, VerifyReport
 
 __all__ = [
-    "DEFAULT_PROMPT", "DEFAULT_SCHEME", "DEFAULT_TREE", "ExactLaw", "TestResult", "VerifyReport", "default_pair",
-    "exact_law", "expected_acceptance", "verify",
+    "DEFAULT_PROMPT", "DEFAULT_SCHEME", "DEFAULT_TREE", "ExactLaw", "SamplerReport", "TestResult", "VerifyReport",
+    "check_sampler", "default_pair", "exact_law", "expected_acceptance", "hash_cells", "hashed_tests", "pit_tests",
+    "pit_values", "verify",
 ]

@@ -1,5 +1,5 @@
 """The conditional probability integral transform (PIT): an exactness test that needs no
-enumeration, so it runs at a real vocabulary size (docs/_pit_section.md has the derivation).
+enumeration, so it runs at a real vocabulary size (docs/EVIDENCE.md ("Without enumeration") has the derivation).
 
 Sampling from the target, each emitted token ``x_t`` is a draw from ``p(. | prefix_t)``
 (``prefix_t`` = the prompt and ``x_1 .. x_{t-1}``), the *warped* law of

@@ -40,7 +40,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -52,15 +51,32 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
 from jaxspec.nn.checkpoint import save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer, forward_logits, init_model
 from jaxspec.nn.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from jaxspec.training.checkpoints import (
+    META_FILE,
+    find_checkpoint,
+    flat_arrays,
+    nonfinite_arrays,
+    read_checkpoint_meta,
+    read_checkpoint_state,
+    save_checkpoint,
+    unflat_arrays,
+)
 from jaxspec.training.corpus import BatchSampler, Corpus, eval_windows, load_corpus
+from jaxspec.training.metrics import (
+    acceptance_alpha,
+    evaluate_loss,
+    evaluate_pair,
+    flops_per_token,
+    kl_per_position,
+    overlap_per_position,
+    token_nll,
+)
 
 __all__ = [
     "kl_per_position",
@@ -105,8 +121,6 @@ PRESETS: dict[str, ModelConfig] = {
 
 CHECKPOINT_DIR = "checkpoint"
 FINAL_DIR = "final"
-_STATE_FILE = "state.safetensors"
-META_FILE = "state.json"
 # Fields that define the optimization trajectory: a resumed run must match them.
 _TRAJECTORY_FIELDS = (
     "steps", "batch_size", "seq_len", "lr", "warmup_steps", "min_lr_ratio",
@@ -192,173 +206,6 @@ class TrainingDiverged(FloatingPointError, RuntimeError):
         self.last_checkpoint, self.last_checkpoint_step = last_checkpoint, last_checkpoint_step
 
 
-# ----------------------------------------------------------------------------- metrics
-def flops_per_token(config: ModelConfig, context: int) -> int:
-    """Forward FLOPs (2 per multiply-add) for one token attending over ``context`` tokens:
-    all projections, the LM head and attention scores/values (embedding lookup is free)."""
-    d, h, kv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    proj = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * config.intermediate_size
-    attn = 2 * h * hd * context
-    return 2 * (config.num_hidden_layers * (proj + attn) + d * config.vocab_size)
-
-
-def _token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, T]
-
-
-def kl_per_position(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
-    """KL(softmax(target) || softmax(draft)) per position: [B, T, V] x2 -> [B, T]."""
-    lp = jax.nn.log_softmax(target_logits.astype(jnp.float32), axis=-1)
-    lq = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
-    return jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
-
-
-def overlap_per_position(target_logits: jax.Array, draft_logits: jax.Array) -> jax.Array:
-    """sum_v min(p, q) per position (acceptance probability at temperature 1)."""
-    p = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)
-    q = jax.nn.softmax(draft_logits.astype(jnp.float32), axis=-1)
-    return jnp.sum(jnp.minimum(p, q), axis=-1)
-
-
-@nnx.jit
-def _eval_lm(model: Transformer, batch: jax.Array) -> jax.Array:
-    return jnp.sum(_token_nll(forward_logits(model, batch[:, :-1]), batch[:, 1:]))
-
-
-@nnx.jit
-def _eval_pair(target: Transformer, draft: Transformer, batch: jax.Array):
-    tl = forward_logits(target, batch[:, :-1])
-    dl = forward_logits(draft, batch[:, :-1])
-    return (
-        jnp.sum(kl_per_position(tl, dl)),
-        jnp.sum(overlap_per_position(tl, dl)),
-        jnp.sum(_token_nll(dl, batch[:, 1:])),
-    )
-
-
-def _chunks(windows: np.ndarray, size: int):
-    for i in range(0, len(windows), size):
-        yield jnp.asarray(windows[i : i + size])
-
-
-def evaluate_loss(model: Transformer, windows: np.ndarray, batch_size: int = 16) -> float:
-    """Mean next-token cross entropy (nats/byte) over ``int32[N, T+1]`` windows."""
-    total = sum(float(_eval_lm(model, b)) for b in _chunks(windows, batch_size))
-    return total / (windows.shape[0] * (windows.shape[1] - 1))
-
-
-def _evaluate_pair(target, draft, windows, batch_size=16) -> dict[str, float]:
-    sums = np.zeros(3)
-    for b in _chunks(windows, batch_size):
-        sums += np.array([float(x) for x in _eval_pair(target, draft, b)])
-    kl, alpha, nll = (float(x) for x in sums / (windows.shape[0] * (windows.shape[1] - 1)))
-    return {"val_kl": kl, "alpha": alpha, "val_loss": nll}
-
-
-def acceptance_alpha(target: Transformer, draft: Transformer, windows: np.ndarray, batch_size: int = 16) -> float:
-    """Mean over all positions of ``windows`` (``int32[N, T+1]``; the last token is unused) of
-    ``sum_v min(p, q)``: the per-position acceptance probability of one draft token at
-    temperature 1."""
-    return _evaluate_pair(target, draft, windows, batch_size)["alpha"]
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def _flat(tree) -> dict[str, np.ndarray]:
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in leaves}
-
-
-def _unflat(template, arrays: dict[str, np.ndarray], source: Path):
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    out = []
-    for p, x in leaves:
-        name = jax.tree_util.keystr(p)
-        if name not in arrays:
-            raise ValueError(f"resume: {source}: missing tensor {name!r}")
-        a = arrays[name]
-        if a.shape != x.shape or a.dtype != x.dtype:
-            raise ValueError(
-                f"resume: {source}: tensor {name!r} is {a.dtype}{list(a.shape)}; expected {x.dtype}{list(x.shape)}"
-            )
-        out.append(jnp.asarray(a))
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-
-def _nonfinite(arrays: dict[str, np.ndarray]) -> list[str]:
-    """Names of the floating-point host arrays holding an inf or a NaN."""
-    return [k for k, a in arrays.items() if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all()]
-
-
-def _save_checkpoint(ckpt_dir: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Write params + optimizer state (``_flat``-ened) + JSON metadata; swap directories so a
-    crash mid-write leaves the previous checkpoint intact."""
-    tmp, old = ckpt_dir.with_name(ckpt_dir.name + ".tmp"), ckpt_dir.with_name(ckpt_dir.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(arrays, tmp / _STATE_FILE)
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    shutil.rmtree(old, ignore_errors=True)
-    if ckpt_dir.exists():
-        ckpt_dir.rename(old)
-    tmp.rename(ckpt_dir)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def find_checkpoint(ckpt_dir: Path) -> Path | None:
-    for d in (ckpt_dir, ckpt_dir.with_name(ckpt_dir.name + ".old")):
-        if (d / META_FILE).is_file() and (d / _STATE_FILE).is_file():
-            return d
-    return None
-
-
-# The entries of a checkpoint's META_FILE that resuming reads, and what each must be.
-_META_ENTRIES = {
-    "kind": (str, "a string"), "model_config": (dict, "a JSON object"), "train_config": (dict, "a JSON object"),
-    "step": (int, "an integer >= 0"), "sampler_state": (dict, "a JSON object"), "history": (list, "a JSON list"),
-    "train_time_s": ((int, float), "a number"),
-}
-
-
-def _damaged(path: Path, what: str) -> ValueError:
-    return ValueError(f"resume: {path}: {what}; the checkpoint is damaged: start the run again in another out_dir "
-                      f"(--out), or delete {path.parent} to start over in this one")
-
-
-def read_checkpoint_meta(folder: Path) -> dict:
-    """The metadata of the checkpoint in ``folder`` (its ``META_FILE``), checked to hold
-    every entry resuming reads; ``ValueError`` naming the file and what is wrong with it
-    (not JSON, not an object, an entry missing or of the wrong type)."""
-    path = Path(folder) / META_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise _damaged(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise _damaged(path, f"not valid JSON ({e})") from None
-    except OSError as e:
-        raise _damaged(path, f"cannot be read ({e.strerror or e})") from None
-    if not isinstance(meta, dict):
-        raise _damaged(path, f"expected a JSON object, got a JSON {type(meta).__name__}")
-    for name, (kind, expected) in _META_ENTRIES.items():
-        if name not in meta:
-            raise _damaged(path, f"no {name!r} entry")
-        v = meta[name]
-        if not isinstance(v, kind) or isinstance(v, bool) or (name == "step" and v < 0):
-            raise _damaged(path, f"{name!r} = {repr(v)[:80]}; expected {expected}")
-    return meta
-
-
-def read_checkpoint_state(folder: Path) -> dict[str, np.ndarray]:
-    """The arrays of the checkpoint in ``folder``; ``ValueError`` naming the file when it
-    cannot be read (truncated, not safetensors)."""
-    path = Path(folder) / _STATE_FILE
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise _damaged(path, f"cannot be read as safetensors ({e})") from None
-
-
 # ----------------------------------------------------------------------------- engine
 def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
@@ -435,13 +282,13 @@ def fit(
         meta = read_checkpoint_meta(found)
         arrays = read_checkpoint_state(found)  # readable before it is compared with this run
         _check_resumable(meta, meta_base, found)
-        bad = _nonfinite(arrays)
+        bad = nonfinite_arrays(arrays)
         if bad:  # written by a version that saved diverged states
             raise ValueError(
                 f"resume: {found}: the checkpoint (step {meta['step']}) holds non-finite values in {len(bad)} "
                 f"tensors (e.g. {bad[0]}): the run had diverged; start a new run with a lower TrainConfig.lr"
             )
-        state = _unflat({"params": params, "opt_state": opt_state}, arrays, found)
+        state = unflat_arrays({"params": params, "opt_state": opt_state}, arrays, found)
         params, opt_state = state["params"], state["opt_state"]
         try:
             sampler.set_state(meta["sampler_state"])
@@ -480,14 +327,14 @@ def fit(
         )
 
     def checkpoint(step, loss):
-        arrays = _flat({"params": params, "opt_state": opt_state})  # on the host: checked for free
-        bad = sorted(_nonfinite(arrays), key=lambda k: not k.startswith("['params']"))  # params first
+        arrays = flat_arrays({"params": params, "opt_state": opt_state})  # on the host: checked for free
+        bad = sorted(nonfinite_arrays(arrays), key=lambda k: not k.startswith("['params']"))  # params first
         if bad:
             diverged(step, "params", loss, f"{len(bad)} parameter / optimizer-state tensors are not finite "
                                            f"(e.g. {bad[0]}; training loss {loss:.6g})")
         meta = {**meta_base, "step": step, "sampler_state": sampler.get_state(), "history": history,
                 "train_time_s": prior_time + time.perf_counter() - t_start}
-        _save_checkpoint(ckpt_dir, arrays, meta)
+        save_checkpoint(ckpt_dir, arrays, meta)
 
     last = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
     step = start
@@ -580,7 +427,7 @@ def write_summary(out_dir: Path, summary: dict) -> None:
 
 # ----------------------------------------------------------------------------- train
 def _lm_loss(model: Transformer, batch: jax.Array) -> jax.Array:
-    return jnp.mean(_token_nll(forward_logits(model, batch[:, :-1]), batch[:, 1:]))
+    return jnp.mean(token_nll(forward_logits(model, batch[:, :-1]), batch[:, 1:]))
 
 
 def train(
@@ -644,7 +491,7 @@ def _model_digest(model: Transformer) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for name, arr in sorted(_flat(nnx.state(model)).items()):
+    for name, arr in sorted(flat_arrays(nnx.state(model)).items()):
         h.update(name.encode())
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
@@ -700,11 +547,11 @@ def distill(
     corpus = load_corpus() if corpus is None else corpus
     val = validation_windows(corpus, config)
     draft = init_draft if init_draft is not None else init_model(draft_config, jax.random.key(config.seed))
-    before = _evaluate_pair(target, draft, val, config.batch_size)
+    before = evaluate_pair(target, draft, val, config.batch_size)
     tg, tp = nnx.split(target)
     model, history, wall, total, step = fit(
         kind="distill", model=draft, loss_fn=_DistillLoss(tg), consts=(tp,),
-        evaluate=lambda m: _evaluate_pair(target, m, val, config.batch_size),
+        evaluate=lambda m: evaluate_pair(target, m, val, config.batch_size),
         cfg=config, corpus=corpus, out_dir=out_dir, resume=resume, progress=progress,
         extra_meta={"target_digest": _model_digest(target)}, stop_at=stop_at,
     )

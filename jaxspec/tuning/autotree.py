@@ -51,14 +51,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -66,22 +64,12 @@ from jaxspec.checks import is_int
 from jaxspec.core import rules
 from jaxspec.core.sampling import check_scheme
 from jaxspec.core.settings import Sampling, check_sampling, draft_law
+from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.combinations import check_settings
 from jaxspec.errors import SettingError
-from jaxspec.core.treespec import StaticTree
-from jaxspec.decode.draft import ModelDraft
-from jaxspec.decode.round import (
-    RoundConfig,
-    RoundParts,
-    RoundState,
-    autoregressive_step,
-    speculative_round,
-    start_emitted,
-)
-from jaxspec.nn.cache import init_cache
-from jaxspec.nn.masks import tree_cache_mask
 from jaxspec.nn.model import Transformer, check_transformer
 from jaxspec.tuning.optimize import check_draws, measure_acceptance, optimize_tree
+from jaxspec.tuning.round_timing import RoundCost, check_positive, measure_round_cost, measure_target_step
 
 __all__ = [
     "AutoTreeRow",
@@ -100,18 +88,6 @@ __all__ = [
 #: the token rule, and stay valid for ``rule="token"`` alone; see :func:`auto_tree`.)
 CACHE_VERSION = 1
 DEFAULT_BUDGETS = (2, 4, 6, 8, 12, 16, 24, 32)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundCost:
-    """Measured seconds of one speculative round (batch rows together) of one tree.
-
-    verify_s: the target's tree-verification forward of ``N + 1`` tokens alone.
-    round_s:  a whole round: draft proposal, verification, warps, acceptance, commits.
-    """
-
-    verify_s: float
-    round_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,12 +172,6 @@ class AutoTreeResult:
 # ----------------------------------------------------------------------------------
 
 
-def _check_pos(name: str, value, minimum: int = 1) -> int:
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _warp_entry(law: Sampling) -> list:
     """A law in the cache key: [temperature, top_k, top_p], plus min_p when it is set (the
     entries written before min-p existed keep their keys)."""
@@ -267,7 +237,7 @@ def tabulate(
     1.4 ms -> 1636, 2033, 2400 tokens/s: N = 4, speedup 2.40x.
     """
     budgets = _check_budgets(budgets)
-    max_depth = _check_pos("max_depth", max_depth)
+    max_depth = check_positive("max_depth", max_depth)
     if not isinstance(target_step_s, (int, float)) or not np.isfinite(target_step_s) or target_step_s <= 0:
         raise ValueError(f"target_step_s: expected seconds > 0, got {target_step_s!r}")
     rule = _check_rule(rule)
@@ -291,150 +261,6 @@ def tabulate(
         predicted_speedup=best.speedup, tokens_per_s=best.tokens_per_s,
         target_step_s=float(target_step_s), acceptance=acc, rows=tuple(rows),
     )
-
-
-# ----------------------------------------------------------------------------------
-# Timing real jitted pieces
-# ----------------------------------------------------------------------------------
-
-
-def _median_seconds(fn: Callable[[int], jax.Array], loops: int, repeats: int) -> float:
-    """Median over ``repeats`` of the wall time of ``fn(i)`` (a jitted loop of ``loops``
-    steps) divided by ``loops``, after one warm-up call that compiles."""
-    jax.block_until_ready(fn(0))
-    times = []
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(i + 1))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / loops
-
-
-def _full_cache(model: Transformer, batch: int, capacity: int, length: int):
-    cache = init_cache(model.config, batch, capacity)
-    return cache.replace(lengths=jnp.full((batch,), length, jnp.int32))
-
-
-def measure_target_step(
-    target: Transformer, *, sampling: Sampling | None = None,
-    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
-) -> float:
-    """Seconds of one target-only decode step at ``batch_size`` rows: the forward of one
-    token against a KV cache of ``context_len`` slots, the warp and the draw, as in
-    :func:`jaxspec.generate_autoregressive` (jitted ``fori_loop`` of ``loops`` steps,
-    median of ``repeats``)."""
-    check_transformer("target", target)
-    law = check_sampling("sampling", sampling, Sampling())
-    b = _check_pos("batch_size", batch_size)
-    cap = _check_pos("context_len", context_len, 2)
-    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
-    warp = law.warp
-    gdef, state = nnx.split(target)
-    length = cap - 1  # the cache as full as it gets; attention runs over all slots anyway
-
-    no_stop = jnp.full((1,), -1, jnp.int32)
-
-    @jax.jit
-    def run(state, key, temp):
-        model = nnx.merge(gdef, state)
-        cache0 = _full_cache(model, b, cap, length)
-        row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
-
-        def body(i, carry):
-            tok, emitted, total = carry  # int32[B]
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
-            tok, cache, emitted = autoregressive_step(model, warp, cache0, tok, emitted, keys, temp, no_stop)
-            return tok, emitted, total + tok.sum()  # cache dropped: every step sees the same fill
-
-        init = (jnp.zeros((b,), jnp.int32), start_emitted(b, loops + 1), jnp.int32(0))
-        return jax.lax.fori_loop(0, loops, body, init)[2]
-
-    return _median_seconds(lambda i: run(state, jax.random.key(i), jnp.float32(law.temperature)),
-                           loops, repeats)
-
-
-def measure_round_cost(
-    target: Transformer, draft: Transformer, tree, *, scheme: str, rule=rules.AUTO,
-    sampling: Sampling | None = None, draft_sampling: Sampling | None = None,
-    batch_size: int = 1, context_len: int = 256, loops: int = 8, repeats: int = 5,
-) -> RoundCost:
-    """Seconds of one speculative round with a static ``tree`` on this device.
-
-    ``round_s``: a jitted ``fori_loop`` of ``loops`` rounds built from the pieces
-    :func:`jaxspec.generate` runs (``propose_static``: one draft forward per depth level
-    and the sibling draws; the target's forward over ``[root] + N`` nodes under the tree
-    mask against a cache of ``context_len`` slots; warps; the acceptance step of ``rule``
-    as :func:`jaxspec.generate` resolves it for ``tree`` (``"auto"``: block verification on
-    a chain, the token rule otherwise; :func:`jaxspec.core.rules.check_rule`), vmapped over
-    rows; both cache commits), divided by ``loops``, median of ``repeats``. The caches
-    keep the same length every round, so every round costs the same. ``verify_s``: the
-    target forward alone, timed the same way.
-    """
-    check_transformer("target", target)
-    check_transformer("draft", draft)
-    check_scheme(scheme)
-    tree = StaticTree.from_parents(tree) if not isinstance(tree, StaticTree) else tree
-    n = tree.num_nodes
-    b = _check_pos("batch_size", batch_size)
-    cap = _check_pos("context_len", context_len, 2)
-    if cap < n + 3:
-        raise ValueError(
-            f"context_len: {cap} cache slots cannot hold a round of {n} nodes; expected >= {n + 3}"
-        )
-    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
-    law = check_sampling("sampling", sampling, Sampling())
-    dlaw = draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling))
-    # the acceptance step generate's build_config puts in RoundParts for this rule and tree
-    parts = RoundParts(accept=rules.check_rule(rule, scheme, tree))
-    round_cfg = RoundConfig(tree, scheme, law.warp, dlaw.warp, parts)
-    t_warp = round_cfg.target_warp
-    tdef, tstate = nnx.split(target)
-    drafter, dstate = ModelDraft.of(draft)
-    length = cap - n - 2  # root + N nodes written at slots length .. length + N
-    full_mask = tree.full_mask  # [N + 1, N + 1]
-    depth_full = full_mask.sum(axis=1) - 1  # [N + 1], root 0
-    no_stop = jnp.full((1,), -1, jnp.int32)
-
-    @jax.jit
-    def run_round(tstate, dstate, key, temp, dtemp):
-        tm, dm = nnx.merge(tdef, tstate), nnx.merge(drafter.definition, dstate)
-        tcache0, dcache0 = _full_cache(tm, b, cap, length), _full_cache(dm, b, cap, length)
-        zeros = jnp.zeros((b,), jnp.int32)
-        # room for every token of every round: no row ends, so every round does all its work
-        st0 = RoundState(zeros, zeros, tcache0, dcache0, start_emitted(b, loops * (n + 1) + 1))
-        row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b, dtype=jnp.int32))
-
-        def body(i, carry):
-            st, total = carry
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
-            st, res = speculative_round(round_cfg, tm, drafter, dstate, st, keys, temp, dtemp, no_stop)
-            # back to the same fill: every timed round attends over the same cache
-            st = st._replace(tcache=st.tcache.replace(lengths=tcache0.lengths),
-                             dstate=st.dstate.replace(lengths=dcache0.lengths))
-            return st, total + res.num_tokens.sum()
-
-        return jax.lax.fori_loop(0, loops, body, (st0, jnp.int32(0)))[1]
-
-    @jax.jit
-    def run_verify(tstate, temp):
-        tm = nnx.merge(tdef, tstate)
-        cache0 = _full_cache(tm, b, cap, length)
-        seq0 = jnp.zeros((b, n + 1), jnp.int32)
-        mask = tree_cache_mask(cache0.lengths, full_mask, cap)  # [B, N + 1, S]
-        pos = cache0.lengths[:, None] + jnp.asarray(depth_full, jnp.int32)[None, :]
-
-        def body(i, carry):
-            seq, total = carry
-            logits, _ = tm(seq, pos, cache0, mask)  # [B, N + 1, V]
-            probs = t_warp(logits, temp)
-            return seq + (i % 2), total + probs[:, -1, 0].sum()
-
-        return jax.lax.fori_loop(0, loops, body, (seq0, jnp.float32(0)))[1]
-
-    t, d = jnp.float32(law.temperature), jnp.float32(dlaw.temperature)
-    round_s = _median_seconds(lambda i: run_round(tstate, dstate, jax.random.key(i), t, d), loops, repeats)
-    verify_s = _median_seconds(lambda i: run_verify(tstate, t), loops, repeats)
-    return RoundCost(verify_s=verify_s, round_s=round_s)
 
 
 # ----------------------------------------------------------------------------------
@@ -584,22 +410,22 @@ def auto_tree(
     law = check_sampling("sampling", sampling, Sampling())
     dlaw = draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling))
     budgets = _check_budgets(budgets)
-    max_depth = _check_pos("max_depth", max_depth)
+    max_depth = check_positive("max_depth", max_depth)
     num_draws, key = check_draws(scheme, key, num_draws)  # a key unless deterministic
     if scheme != "iid" and budgets[-1] > v:
         raise ValueError(f"budgets: {budgets[-1]} nodes could need more than vocab_size = {v} distinct "
                          f"siblings under scheme={scheme!r}; expected budgets <= {v}")
-    num_windows = _check_pos("num_windows", num_windows)
-    window_len = _check_pos("window_len", window_len, 2)
-    max_rank = min(_check_pos("max_rank", max_rank), budgets[-1], v)
-    batch_size = _check_pos("batch_size", batch_size)
-    loops, repeats = _check_pos("loops", loops), _check_pos("repeats", repeats)
+    num_windows = check_positive("num_windows", num_windows)
+    window_len = check_positive("window_len", window_len, 2)
+    max_rank = min(check_positive("max_rank", max_rank), budgets[-1], v)
+    batch_size = check_positive("batch_size", batch_size)
+    loops, repeats = check_positive("loops", loops), check_positive("repeats", repeats)
     limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     if window_len > limit:
         raise ValueError(f"window_len: {window_len} exceeds max_position_embeddings = {limit}")
     if context_len is None:
         context_len = min(limit, 512)
-    context_len = _check_pos("context_len", context_len, 2)
+    context_len = check_positive("context_len", context_len, 2)
     if context_len > limit or context_len < budgets[-1] + 3:
         raise ValueError(f"context_len: expected {budgets[-1] + 3} <= context_len <= {limit} "
                          f"(the largest budget + 3 .. max_position_embeddings), got {context_len}")
