@@ -550,10 +550,11 @@ def test_sibling_laws_rejects_bad_rows_but_not_traced_ones():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(top_p="0.5"), r"top_p: expected None or a number in \(0, 1\], got '0.5'"),
-    (dict(temperature="1"), r"temperature: expected a finite number >= 0 .*, got '1'"),
-    (dict(temperature=True), r"temperature: .*got True"),
-    (dict(top_p=np.bool_(True)), r"top_p: .*got np\.True_"),
+    (dict(top_p="0.5"), r"top_p = '0.5': expected a number in \(0, 1\]"),
+    (dict(temperature="1"), r"temperature = '1': expected a finite number >= 0"),
+    (dict(temperature=True), r"temperature = True: expected"),
+    (dict(top_p=np.bool_(True)), r"top_p = np\.True_: expected"),
+    (dict(min_p="0.1"), r"min_p = '0.1': expected a number in \[0, 1\]"),
 ])
 def test_warp_arguments_must_be_numbers(kwargs, match):
     with pytest.raises(ValueError, match=match):
