@@ -6,8 +6,11 @@ Sequences of 40 tokens run past every window here (5 to 7) and past the scaled r
 original context (16).
 """
 
+import numpy as np
 import torch
 import transformers
+
+from jaxspec.core.settings import Sampling
 
 V = 64
 BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -88,3 +91,25 @@ def hf_model(kind: str, seed: int):
     return model.eval()
 
 
+def hf_logits(model, ids) -> np.ndarray:
+    """transformers' float32 logits of ``ids`` int[B, T]."""
+    with torch.no_grad():
+        return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
+
+
+def hf_greedy(model, ids, n: int) -> list[int]:
+    """transformers' ``n`` greedy tokens after ``ids`` [[...]] (no stop token)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor(ids, dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids[0]):].tolist()
+
+
+#: greedy decoding, as jaxspec.generate takes it
+GREEDY = {"sampling": Sampling(temperature=0)}
+
+
+def row_tokens(result) -> list[int]:
+    """Row 0's emitted tokens of a jaxspec GenerateResult."""
+    n = int(np.asarray(result.lengths)[0])
+    return [int(t) for t in np.asarray(result.tokens)[0, :n]]

@@ -20,9 +20,8 @@ transformers = pytest.importorskip("transformers")
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.nn.checkpoint import load_model  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
-from jaxspec.core.settings import Sampling  # noqa: E402
 
-from _hf_families import KINDS, PROMPT, hf_model  # noqa: E402
+from _hf_families import GREEDY, KINDS, PROMPT, hf_greedy, hf_logits, hf_model, row_tokens  # noqa: E402
 
 N_NEW = 30
 ATOL = 1e-4
@@ -38,27 +37,6 @@ def saved(tmp_path_factory):
         model.save_pretrained(folder, safe_serialization=True)
         out[kind] = (model, load_model(folder), folder)
     return out
-
-
-def _hf_logits(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
-
-
-def _hf_greedy(model, ids, n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor(ids, dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids[0]):].tolist()
-
-
-#: greedy decoding
-GREEDY = {"sampling": Sampling(temperature=0)}
-
-
-def _tokens(result) -> list[int]:
-    n = int(np.asarray(result.lengths)[0])
-    return [int(t) for t in np.asarray(result.tokens)[0, :n]]
 
 
 def test_families_configure_one_model(saved):
@@ -82,7 +60,7 @@ def test_families_configure_one_model(saved):
 def test_logits_match_transformers(saved, kind):
     model, ours, _ = saved[kind]
     ids = [PROMPT[0] * 5, list(range(40))]  # 40 tokens: past every window and the 16-token original context
-    ref = _hf_logits(model, ids)
+    ref = hf_logits(model, ids)
     got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
     assert np.abs(ref).max() > 1.0  # non-trivial logits
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
@@ -100,18 +78,18 @@ def test_greedy_generation_matches_transformers(saved, kind):
     """30 greedy tokens, target-only and tree-speculative (self draft; for OTHER_DRAFT's families a
     second model drafting too)."""
     model, ours, _ = saved[kind]
-    ref = _hf_greedy(model, PROMPT, N_NEW)
+    ref = hf_greedy(model, PROMPT, N_NEW)
     assert len(ref) == N_NEW
     got = generate_autoregressive(jax.random.key(0), ours, PROMPT, max_new_tokens=N_NEW, stop_tokens=(),
                                   **GREEDY)
-    assert _tokens(got) == ref
+    assert row_tokens(got) == ref
     drafts = [ours]
     if kind in OTHER_DRAFT:  # a second model drafting: rejected branches, partial commits under windows
         drafts.append(saved[OTHER_DRAFT[kind]][1])
     for draft in drafts:
         out = generate(jax.random.key(1), ours, draft, PROMPT, tree="branch:2,2,1", scheme="deterministic",
                        max_new_tokens=N_NEW, stop_tokens=(), **GREEDY)
-        assert _tokens(out)[:N_NEW] == ref
+        assert row_tokens(out)[:N_NEW] == ref
         if draft is ours:  # the draft's windowed tree steps see what the target sees: every
             # round accepts the whole greedy chain (3 nodes) plus the target's own token
             assert out.summary()["tokens_per_target_call"] >= 3.5
@@ -125,6 +103,6 @@ def test_bfloat16_load(saved, kind):
     ours = load_model(folder, dtype="bfloat16")
     ids = [PROMPT[0] * 5]
     got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
-    ref = _hf_logits(model, ids)
+    ref = hf_logits(model, ids)
     assert np.isfinite(got).all()
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()

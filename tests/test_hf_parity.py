@@ -22,7 +22,8 @@ from jaxspec.cli import main  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.nn.model import forward_logits, init_model  # noqa: E402
-from jaxspec.core.settings import Sampling  # noqa: E402
+
+from _hf_families import GREEDY, hf_greedy, hf_logits, row_tokens  # noqa: E402
 
 V = 64
 SIZES = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -55,27 +56,6 @@ def _hf_model(kind: str, seed: int = 0):
     return model.eval()
 
 
-def _hf_logits(model, ids) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
-
-
-def _hf_greedy(model, ids, n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor(ids, dtype=torch.long), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids[0]):].tolist()
-
-
-#: greedy decoding
-GREEDY = {"sampling": Sampling(temperature=0)}
-
-
-def _jax_tokens(result) -> list[int]:
-    n = int(np.asarray(result.lengths)[0])
-    return [int(t) for t in np.asarray(result.tokens)[0, :n]]
-
-
 KINDS = ["llama", "llama-tied", "qwen2", "mistral"]
 
 
@@ -100,7 +80,7 @@ def test_logits_match_transformers(saved, kind):
     assert ours.config.attention_bias == (kind == "qwen2")
     assert ours.config.num_key_value_heads == 2
     ids = [PROMPT[0] + [7, 8, 2, 63], list(range(12))]
-    ref = _hf_logits(model, ids)
+    ref = hf_logits(model, ids)
     got = np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32)))
     assert np.abs(ref).max() > 1.0  # non-trivial logits
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
@@ -109,10 +89,10 @@ def test_logits_match_transformers(saved, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generation_matches_transformers(saved, kind):
     model, folder = saved[kind]
-    ref = _hf_greedy(model, PROMPT, 20)
+    ref = hf_greedy(model, PROMPT, 20)
     ours = generate_autoregressive(jax.random.key(0), load_model(folder), PROMPT, max_new_tokens=20, stop_tokens=(),
                                    **GREEDY)  # as transformers with eos_token_id=None
-    assert _jax_tokens(ours) == ref
+    assert row_tokens(ours) == ref
     assert len(ref) == 20
 
 
@@ -120,11 +100,11 @@ def test_speculative_greedy_matches_transformers(saved):
     """Tree speculative decoding at temperature 0 with a (different) draft gives the
     target's greedy text, as transformers computes it."""
     model, folder = saved["llama"]
-    ref = _hf_greedy(model, PROMPT, 20)
+    ref = hf_greedy(model, PROMPT, 20)
     target, draft = load_model(folder), load_model(saved["llama-tied"][1])
     out = generate(jax.random.key(0), target, draft, PROMPT, tree="branch:2,1", scheme="deterministic",
                    max_new_tokens=20, stop_tokens=(), **GREEDY)
-    assert _jax_tokens(out)[:20] == ref
+    assert row_tokens(out)[:20] == ref
 
 
 def test_sharded_hf_checkpoint(saved, tmp_path):
@@ -133,7 +113,7 @@ def test_sharded_hf_checkpoint(saved, tmp_path):
     assert (tmp_path / "model.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
     got = np.asarray(forward_logits(load_model(tmp_path), jnp.asarray(PROMPT, jnp.int32)))
-    np.testing.assert_allclose(got, _hf_logits(model, PROMPT), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got, hf_logits(model, PROMPT), atol=ATOL, rtol=0)
 
 
 def test_bfloat16_load(saved):
@@ -141,7 +121,7 @@ def test_bfloat16_load(saved):
     ours = load_model(folder, dtype="bfloat16")
     assert ours.embed_tokens.embedding[...].dtype == jnp.bfloat16
     got = np.asarray(forward_logits(ours, jnp.asarray(PROMPT, jnp.int32)))
-    ref = _hf_logits(model, PROMPT)
+    ref = hf_logits(model, PROMPT)
     assert np.isfinite(got).all()
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
 
@@ -154,7 +134,7 @@ def test_export_loads_in_transformers(tmp_path, tie, bias):
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
     ids = [PROMPT[0], list(range(8))]
-    np.testing.assert_allclose(_hf_logits(hf, ids), np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32))),
+    np.testing.assert_allclose(hf_logits(hf, ids), np.asarray(forward_logits(ours, jnp.asarray(ids, jnp.int32))),
                                atol=ATOL, rtol=0)
 
 
@@ -165,7 +145,7 @@ def test_cli_export_default_target(tmp_path, capsys):
     assert "model.safetensors" in info["files"] and "config.json" in info["files"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = [[256] + list(b"def fibonacci(n):")]
-    ref = _hf_logits(hf, ids)
+    ref = hf_logits(hf, ids)
     got = np.asarray(forward_logits(load_model("default-target"), jnp.asarray(ids, jnp.int32)))
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
     # and the greedy continuation is the same
@@ -173,4 +153,4 @@ def test_cli_export_default_target(tmp_path, capsys):
     hf.generation_config.eos_token_id = None
     ours = generate_autoregressive(jax.random.key(0), load_model(out), ids, max_new_tokens=n, stop_tokens=(),
                                    **GREEDY)
-    assert _jax_tokens(ours) == _hf_greedy(hf, ids, n)
+    assert row_tokens(ours) == hf_greedy(hf, ids, n)
