@@ -85,7 +85,7 @@ _JAX_MESH = textwrap.dedent("""
 
     t, d = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=1, head_scale=4.0)
     prompts = [[1, 2, 3], [4, 5], [6]]
-    kw = dict(max_new_tokens=6, sampling=Sampling(temperature=1.0), stop_tokens=())
+    kw = dict(max_new_tokens=6, sampling=jaxspec.Sampling(temperature=1.0), stop_tokens=())
 
     def tokens(fn):
         try:

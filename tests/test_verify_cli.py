@@ -31,7 +31,9 @@ def test_passing_run_exits_0_with_json_and_plots(capsys, tmp_path):
     assert code == 0, captured.out + captured.err
     report = json.loads(captured.out)
     assert report["passed"] is True and report["num_samples"] == 16384
-    assert report["config"]["tree"] == "branch:2,2" and report["config"]["scheme"] == "iid"
+    # a bare verify tests what a bare generate runs
+    from jaxspec.cli.generate import DEFAULT_SCHEME, DEFAULT_TREE
+    assert report["config"]["tree"] == DEFAULT_TREE and report["config"]["scheme"] == DEFAULT_SCHEME
     assert {p.name for p in tmp_path.iterdir()} == {"marginals.png", "joint.png", "acceptance.png"}
 
 
