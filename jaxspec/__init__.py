@@ -29,9 +29,7 @@ Public API (see docs/DESIGN.md §5):
   :func:`branching_widths`, :func:`expected_accepted`; the tree for this device:
   :func:`auto_tree`;
 * exactness: :func:`verify`, :class:`VerifyReport`, :mod:`jaxspec.stats`,
-  :mod:`jaxspec.mutants`, :mod:`jaxspec.exactness`;
-* faster random numbers on CPU, the same bits: :func:`use_unrolled_threefry`
-  (:mod:`jaxspec.core.cpu_rng`; process-wide, so only when called: the command line does).
+  :mod:`jaxspec.mutants`, :mod:`jaxspec.exactness`.
 
 Importing jaxspec changes nothing in the process and imports nothing heavy: every name
 above is imported on first use (PEP 562), so ``import jaxspec`` neither imports JAX nor
@@ -60,7 +58,6 @@ _EXPORTS = {
     "Sampling": ("jaxspec.core.settings", "Sampling"),
     "SettingError": ("jaxspec.errors", "SettingError"),
     "sampling": ("jaxspec.core.sampling", None),
-    "use_unrolled_threefry": ("jaxspec.core.cpu_rng", "use_unrolled_threefry"),
     # models, caches, checkpoints, tokenizers
     "ModelConfig": ("jaxspec.nn.config", "ModelConfig"),
     **{n: ("jaxspec.nn.model", n) for n in ("Transformer", "forward_logits", "init_model")},

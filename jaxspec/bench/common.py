@@ -341,15 +341,11 @@ def write_report(report: dict, out_dir, name: str, plot: Callable[[dict, pathlib
 
 def script_main(name: str, argv=None, *, default_out=None) -> int:
     """Entry point of the thin scripts in ``benchmarks/``: ``[--quick] [--out DIR]``; runs
-    benchmark ``name`` (a key of :data:`jaxspec.bench.BENCHMARKS`) as ``jaxspec bench`` does
-    (the unrolled CPU Threefry lowering, :mod:`jaxspec.core.cpu_rng`, unless
-    ``JAXSPEC_ROLLED_THREEFRY=1``), writes its JSON and PNG and prints its markdown table."""
+    benchmark ``name`` (a key of :data:`jaxspec.bench.BENCHMARKS`) as ``jaxspec bench`` does,
+    writes its JSON and PNG and prints its markdown table."""
     import argparse  # noqa: PLC0415
 
     from jaxspec.bench import benchmark_module, run_benchmark  # noqa: PLC0415
-    from jaxspec.core import cpu_rng  # noqa: PLC0415
-
-    cpu_rng.use_unless_environment_says_not()  # as ``jaxspec bench`` runs
     mod = benchmark_module(name)
     p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
     p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")

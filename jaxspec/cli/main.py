@@ -22,7 +22,6 @@ from typing import NoReturn
 from jaxspec.cli import bench, export, generate, train, verify
 from jaxspec.errors import SettingError
 from jaxspec.cli.common import CLIError, Command, in_flags
-from jaxspec.core import cpu_rng
 
 __all__ = ["COMMANDS", "EXIT_INTERRUPTED", "build_parser", "main"]
 
@@ -106,7 +105,6 @@ def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[st
         return e.code if isinstance(e.code, int) else 2
     name[0] = f"jaxspec {args.command}"
     try:
-        cpu_rng.use_unless_environment_says_not()  # the same random bits, fewer XLA operations on CPU
         return int(args._handler(args) or 0)
     except SettingError as e:  # a library refusal, in the command line's words
         print(f"{name[0]}: error: {in_flags(e, args)}", file=sys.stderr)

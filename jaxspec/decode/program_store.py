@@ -109,12 +109,9 @@ def library_function_name(f) -> str | None:
 
 def _environment() -> str:
     """What else a trace depends on: library versions, jaxspec's source, the backend and its
-    device kind, the settings that change what tracing produces, ``$XLA_FLAGS``, and
-    whether the unrolled CPU Threefry lowering is in use (:mod:`jaxspec.core.cpu_rng`)."""
+    device kind, the settings that change what tracing produces and ``$XLA_FLAGS``."""
     import flax  # noqa: PLC0415
     import jaxlib  # noqa: PLC0415
-
-    from jaxspec.core import cpu_rng  # noqa: PLC0415
 
     dev = jax.devices()[0]
     cfg = jax.config
@@ -122,8 +119,7 @@ def _environment() -> str:
         "jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_matmul_precision",
         "jax_numpy_dtype_promotion")]
     return repr((_FORMAT, jax.__version__, jaxlib.__version__, flax.__version__, source_digest(),
-                 dev.platform, dev.device_kind, jax.device_count(), settings, os.environ.get("XLA_FLAGS", ""),
-                 cpu_rng.unrolled_threefry_in_use()))
+                 dev.platform, dev.device_kind, jax.device_count(), settings, os.environ.get("XLA_FLAGS", "")))
 
 
 def _is_key(x) -> bool:
