@@ -443,7 +443,9 @@ def test_bad_input_is_named(kw, message):
     assert message in str(e.value)
 
 
-def test_large_vocabulary_needs_top_k():
+def test_large_vocabulary_enumerates_only_under_a_top_k():
+    """method="enumerate" refuses a law too large to enumerate, naming top_k and horizon
+    (method="auto" samples it instead: tests/test_verify_sampled.py)."""
     from jaxspec.nn.config import ModelConfig
     from jaxspec.nn.model import init_model
 
@@ -452,7 +454,7 @@ def test_large_vocabulary_needs_top_k():
     m = init_model(cfg, jax.random.key(0))
     with pytest.raises(ValueError, match=r"^top_k = None and horizon = 3: the target's 300 tokens give up to "
                                          r"300\*\*3 = 27000000 joint cells, more than MAX_CELLS = \d+; expected a top_k"):
-        verify(m, m, num_samples=16, progress=False)
+        verify(m, m, num_samples=16, progress=False, method="enumerate")
     with pytest.raises(ValueError, match="pass both models"):
         verify(m, None, num_samples=16, progress=False)
 

@@ -648,7 +648,7 @@ CLI_SNAPSHOT = {
     ], []),
     "verify": ([
         "--alpha", "--chunk-size", "--draft", "--draft-min-p", "--draft-temperature", "--draft-top-k", "--draft-top-p",
-        "--help", "--horizon", "--json", "--mesh", "--min-p", "--mutant", "--no-acceptance", "--no-compile-cache",
+        "--help", "--horizon", "--json", "--mesh", "--method", "--min-p", "--mutant", "--no-acceptance", "--no-compile-cache",
         "--no-progress", "--plots", "--program-store", "--prompt", "--prompt-bucket", "--rule", "--samples",
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),

@@ -9,7 +9,7 @@ import sys
 
 from jaxspec.cli.common import CLIError
 
-__all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "auto_budgets", "prompt_ids", "lookup_draft", "draft_name",
+__all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "auto_budgets", "prompt_ids", "lookup_draft", "modelless_drafter", "draft_name",
            "check_room", "check_same_tokenizer", "auto_tree_for"]
 
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
@@ -53,16 +53,23 @@ def lookup_draft(args):
     """The drafter without a model of its own: :class:`~jaxspec.NgramDraft` for ``--draft
     ngram[:...]``, :class:`~jaxspec.LayerSkipDraft` for ``--draft layers:K`` (None for a
     model, or with ``--baseline``); a malformed spec is a :class:`CLIError` naming the flag."""
-    if args.baseline or args.draft is None:
+    return None if args.baseline else modelless_drafter(args.draft)
+
+
+def modelless_drafter(draft: str | None):
+    """The drafter a ``--draft`` value names when it needs no model file
+    (``ngram[:...]``, ``layers:K``), else None (a model: a folder, even one called
+    ngram, a name or a file)."""
+    if draft is None:
         return None
-    spec = args.draft.strip().lower()
-    if pathlib.Path(args.draft).exists() or not (spec.startswith("ngram") or spec.partition(":")[0] == "layers"):
-        return None  # a model: a folder (even one called ngram), a name or a file
+    spec = draft.strip().lower()
+    if pathlib.Path(draft).exists() or not (spec.startswith("ngram") or spec.partition(":")[0] == "layers"):
+        return None
     from jaxspec.decode.layer_skip import LayerSkipDraft
     from jaxspec.decode.ngram import NgramDraft
 
     try:
-        return (NgramDraft if spec.startswith("ngram") else LayerSkipDraft).parse(args.draft)
+        return (NgramDraft if spec.startswith("ngram") else LayerSkipDraft).parse(draft)
     except ValueError as e:
         raise CLIError(f"--draft: {e}") from None
 

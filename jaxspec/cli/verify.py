@@ -9,6 +9,12 @@ the command line.
     jaxspec verify --target default-target --draft default-draft --top-k 4 --prompt "def "
     jaxspec verify --samples 1e5 --json --plots plots/
     jaxspec verify --prompt-bucket none               # the unpadded program: the same tokens, cheaper
+    jaxspec verify --target smollm2-135m --draft layers:8 --samples 4096 --horizon 8   # no enumeration: PIT
+
+A law too large to enumerate (``V**L`` cells over :data:`~jaxspec.exactness.exact_laws.MAX_CELLS`,
+any real vocabulary without a small ``--top-k``) is tested without enumeration
+(``--method auto``): the conditional PIT and hashed two-sample tests
+(:mod:`jaxspec.exactness.sampled`), each with the smallest deviation it detects.
 
 Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
 the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
@@ -127,7 +133,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.core.rules import CHOICES
     from jaxspec.core.sampling import SCHEMES
     from jaxspec.decode.inputs import PROMPT_BUCKET
-    from jaxspec.exactness.harness import DEFAULT_TREE, MUTANT_CONFIG
+    from jaxspec.exactness.harness import DEFAULT_TREE, METHODS, MUTANT_CONFIG
     from jaxspec.exactness.mutants import MUTANTS
 
     p.epilog = ("exit status: 0 PASSED (every test passed), 1 REJECTED (a test rejected), 3 INCONCLUSIVE (no test "
@@ -149,7 +155,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                    help="verification rule (default: auto, block on a chain and token on other trees; block: "
                         "chains; traversal: static trees)")
     g.add_argument("--temperature", type=nonneg_float, default=1.0, help="target temperature (default: 1)")
-    g.add_argument("--top-k", type=positive_int, help="target top-k (needed for large vocabularies)")
+    g.add_argument("--top-k", type=positive_int, help="target top-k (enumeration of a large vocabulary needs a small one)")
     g.add_argument("--top-p", type=_top_p, help="target top-p")
     g.add_argument("--min-p", type=unit_float, help="target min-p in [0, 1]")
     g.add_argument("--draft-temperature", type=nonneg_float,
@@ -165,8 +171,10 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                         "none for deterministic)")
     g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
     g = p.add_argument_group("models and prompt")
-    g.add_argument("--target", help="target model name or folder (default: the tiny random pair)")
-    g.add_argument("--draft", help="draft model name or folder (with --target)")
+    g.add_argument("--target", help="target model name, folder or GGUF file (default: the tiny random pair)")
+    g.add_argument("--draft", help="with --target: a draft model name or folder, a feature head, 'ngram' for "
+                                   "prompt lookup or 'layers:K' for the target's first K layers (as jaxspec "
+                                   "generate takes)")
     g.add_argument("--prompt", type=utf8_text,
                    help="comma-separated token ids, or text (tokenized as jaxspec generate does: with the "
                         "--target folder's tokenizer.json, else as UTF-8 bytes for a 264-token vocabulary) "
@@ -178,6 +186,11 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g = p.add_argument_group("statistics")
     g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
+    g.add_argument("--method", choices=METHODS, default="auto",
+                   help="enumerate: chi-square against the exact joint law (at most MAX_CELLS = 2**20 cells); "
+                        "sampled: no enumeration, any vocabulary (the conditional PIT against the target's "
+                        "next-token laws, and hashed cells against target-only sampling); auto (default): "
+                        "enumerate where the law fits, else sampled")
     g.add_argument("--alpha", type=_probability, default=1e-3, help="family-wise error rate (default: 1e-3)")
     g.add_argument("--seed", type=seed_int, default=0, help="sampling seed, in [0, 2**32) (default: 0)")
     g.add_argument("--chunk-size", type=positive_int,
@@ -189,7 +202,8 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                         "(default: blocks over every device; on CPU, host devices are made to fit)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the report as JSON (instead of the summary)")
-    g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR")
+    g.add_argument("--plots", metavar="DIR", help="write marginals.png, joint.png, acceptance.png into DIR "
+                                                  "(sampled: pit.png, hashed.png, acceptance.png)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--no-compile-cache", action="store_true",
                    help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE)")
@@ -248,8 +262,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None:
-        target, draft = load_flag_model("--target", args.target), load_flag_model("--draft", args.draft, draft=True)
-        warn_if_head_for_another_target("--draft", args.draft, target, args.target)
+        from jaxspec.cli.gen_setup import modelless_drafter
+
+        target, draft = load_flag_model("--target", args.target), modelless_drafter(args.draft)
+        if draft is None:
+            draft = load_flag_model("--draft", args.draft, draft=True)
+            warn_if_head_for_another_target("--draft", args.draft, target, args.target)
     else:
         from jaxspec.exactness.harness import default_pair
 
@@ -263,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
             draft_sampling=draft_sampling, prompt=prompt, horizon=h,
             num_samples=args.samples, chunk_size=args.chunk_size, seed=args.seed, mutant=args.mutant,
             alpha=args.alpha, check_acceptance=not args.no_acceptance, progress=not args.no_progress,
-            mesh=args.mesh, prompt_bucket=args.prompt_bucket,
+            mesh=args.mesh, prompt_bucket=args.prompt_bucket, method=args.method,
         )
     except SettingError:
         raise  # named by flag by the command line's main

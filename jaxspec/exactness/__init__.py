@@ -9,7 +9,8 @@ purpose, to show the harness rejects them; :mod:`~jaxspec.exactness.rule_laws` e
 exact laws of the verification rules on small bigram tables (float64, no sampling). Without
 enumeration, at any vocabulary: the conditional PIT (:mod:`~jaxspec.exactness.pit`), hashed
 cells (:mod:`~jaxspec.exactness.hashed`), and both on a decoder written elsewhere
-(:mod:`~jaxspec.exactness.external`).
+(:mod:`~jaxspec.exactness.external`); :func:`verify` runs the first two itself where the
+law is too large to enumerate (:mod:`~jaxspec.exactness.sampled`, a :class:`SampledReport`).
 
 The package is ``jaxspec.exactness``, not ``jaxspec.verify``: ``jaxspec.verify`` is the
 function.
@@ -27,9 +28,10 @@ from jaxspec.exactness.external import SamplerReport, check_sampler
 from jaxspec.exactness.hashed import hash_cells, hashed_tests
 from jaxspec.exactness.pit import pit_tests, pit_values
 from jaxspec.exactness.report import TestResult, VerifyReport
+from jaxspec.exactness.sampled_report import SampledReport
 
 __all__ = [
-    "DEFAULT_PROMPT", "DEFAULT_SCHEME", "DEFAULT_TREE", "ExactLaw", "SamplerReport", "TestResult", "VerifyReport",
+    "DEFAULT_PROMPT", "DEFAULT_SCHEME", "DEFAULT_TREE", "ExactLaw", "SampledReport", "SamplerReport", "TestResult", "VerifyReport",
     "check_sampler", "default_pair", "exact_law", "expected_acceptance", "hash_cells", "hashed_tests", "pit_tests",
     "pit_values", "verify",
 ]

@@ -102,6 +102,8 @@ from jaxspec.exactness.exact_laws import (
 from jaxspec.exactness.law_tests import evidence, law_tests
 from jaxspec.exactness.report import TestResult, VerifyReport
 from jaxspec.exactness.sample_counts import count_samples
+from jaxspec.exactness.sampled import run_sampled
+from jaxspec.exactness.sampled_report import SampledReport
 from jaxspec.nn import sharding
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer, init_model
@@ -113,6 +115,8 @@ __all__ = [
     "DEFAULT_PROMPT",
     "TestResult",
     "VerifyReport",
+    "SampledReport",
+    "METHODS",
     "verify",
     "default_pair",
     "default_chunk",
@@ -133,6 +137,8 @@ DEFAULT_SCHEME = None
 #: break (two siblings per node and two levels; a chain for block verification's mutants)
 MUTANT_CONFIG = {"token": ("branch:2,2", "iid"), "traversal": ("branch:2,2", "iid"), "block": ("chain:3", "iid")}
 DEFAULT_PROMPT = (1, 2, 3)
+#: how :func:`verify` tests: "auto" (enumeration where the law's cells fit), "enumerate", "sampled"
+METHODS = ("auto", "enumerate", "sampled")
 
 
 # --------------------------------------------------------------------------- default pair
@@ -296,7 +302,8 @@ def verify(
     mesh=None,
     progress: bool = True,
     prompt_bucket: int | None = gen.PROMPT_BUCKET,
-) -> VerifyReport:
+    method: str = "auto",
+) -> VerifyReport | SampledReport:
     """Test that speculative decoding with this configuration samples the target's law.
 
     Args:
@@ -337,13 +344,24 @@ def verify(
         the prompt's own width, what ``generate(..., prompt_bucket=None)`` runs, whose tokens
         are the padded program's token for token (``tests/test_prompt_bucket.py``) at a
         lower cost per sample (a short prompt's prefill and cache stay small).
+      method: ``"enumerate"`` (the exact joint law, at most :data:`MAX_CELLS` cells:
+        a :class:`VerifyReport`), ``"sampled"`` (no enumeration, any vocabulary: the
+        conditional PIT and hashed two-sample tests of :mod:`jaxspec.exactness.sampled`, a
+        :class:`~jaxspec.exactness.sampled_report.SampledReport`), or ``"auto"``
+        (enumeration where the law's cells fit, else sampled).
 
     Raises:
-      ValueError: bad input (named), or a law with more than :data:`MAX_CELLS` cells.
+      ValueError: bad input (named), or ``method="enumerate"`` on a law with more than
+        :data:`MAX_CELLS` cells.
     """
     t_start = time.perf_counter()
+    if not isinstance(method, str) or method not in METHODS:
+        raise SettingError({"method": method}, f"expected one of {', '.join(map(repr, METHODS))}")
     run = _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt, horizon, num_samples,
-                   chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket)
+                   chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket, method)
+    if run.method == "sampled":
+        return run_sampled(run, _draw, alpha=alpha, progress=progress, t_start=t_start,
+                           config=_config(run, method="sampled", method_reason=run.method_reason))
     timings = {}
     t0 = time.perf_counter()
     law = exact_law(run.target, run.prompt, run.horizon, **run.setup.target_warp)
@@ -361,7 +379,7 @@ def verify(
     timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
                for k, x in timings.items()}
     return VerifyReport(
-        config=_config(run), tests=tuple(tests), alpha=alpha, alpha_per_test=a_test, num_samples=run.num_samples,
+        config=_config(run, method="enumerate", method_reason=run.method_reason), tests=tuple(tests), alpha=alpha, alpha_per_test=a_test, num_samples=run.num_samples,
         cells=law.cells, exact=law.probs, spec_counts=spec["joint"], ar_counts=ar["joint"],
         exact_marginals=law.marginals, spec_marginals=spec["marginals"], ar_marginals=ar["marginals"],
         acceptance_observed=None if first is None else first["accepted"] / run.num_samples,
@@ -390,10 +408,12 @@ class _Run:
     mesh: object
     devices: tuple
     chunk: int
+    method: str  # "enumerate" or "sampled", as resolved
+    method_reason: str
 
 
 def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt, horizon, num_samples,
-             chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket) -> _Run:
+             chunk_size, seed, mutant, parts, alpha, devices, mesh, prompt_bucket, method) -> _Run:
     """Every argument checked, and the configurations :func:`jaxspec.generate` compiles for
     them built, before anything is enumerated or sampled."""
     if (target is None) != (draft is None):
@@ -418,7 +438,7 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
         tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
-    _check_cells(check_sampling("sampling", sampling, Sampling()), v, horizon)
+    method, method_reason = _method(method, check_sampling("sampling", sampling, Sampling()), v, horizon)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         label = mutants.MUTANT_RULE[mutant]
@@ -431,21 +451,36 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
              else _check_count("chunk_size", chunk_size))
     chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
     return _Run(target, draft, tree, rule, prompt, horizon, num_samples, seed, mutant, user_accept, prompt_bucket,
-                setup, mesh, devices, chunk)
+                setup, mesh, devices, chunk, method, method_reason)
 
 
-def _check_cells(law: Sampling, v: int, horizon: int) -> None:
-    """Refuse a law with more than :data:`MAX_CELLS` cells from its bound, before anything
-    is built or enumerated."""
+def _method(method: str, law: Sampling, v: int, horizon: int) -> tuple[str, str]:
+    """(the method as resolved, why): ``"auto"`` enumerates where the law's cells fit;
+    ``"enumerate"`` on a law that does not fit is refused, naming top_k and horizon."""
+    too_many = _too_many_cells(law, v, horizon)
+    if too_many is not None and method == "enumerate":
+        raise too_many
+    if method == "sampled":
+        return "sampled", "method='sampled'"
+    if too_many is not None:
+        k = min(v, law.top_k or v)
+        return "sampled", f"up to {k}**{horizon} joint cells, more than the MAX_CELLS = {MAX_CELLS} enumeration takes"
+    return "enumerate", "the joint law fits enumeration"
+
+
+def _too_many_cells(law: Sampling, v: int, horizon: int) -> SettingError | None:
+    """The refusal of enumeration for a law with more than :data:`MAX_CELLS` cells (from its
+    bound, before anything is enumerated), or None where it fits."""
     top_k = law.top_k
     k = min(v, top_k or v)
     if cells_bound(v, horizon, temperature=law.temperature, top_k=k) <= MAX_CELLS:
-        return
+        return None
     count = f"{k}**{horizon}{f' = {k**horizon}' if horizon <= 64 else ''}"
     whose = f"the target's {v} tokens give" if top_k is None else f"min(top_k, the target's {v} tokens) give"
-    raise SettingError({"top_k": top_k, "horizon": horizon},
-                       f"{whose} up to {count} joint cells, more than MAX_CELLS = {MAX_CELLS}; expected a top_k with "
-                       f"top_k**horizon <= {MAX_CELLS}, or a smaller horizon")
+    return SettingError({"top_k": top_k, "horizon": horizon},
+                        f"{whose} up to {count} joint cells, more than MAX_CELLS = {MAX_CELLS}; expected a top_k "
+                        f"with top_k**horizon <= {MAX_CELLS}, or a smaller horizon (or method='sampled', which "
+                        f"needs no enumeration)")
 
 
 def _placement(setup: _Setup, target, mesh, devices) -> tuple[_Setup, object, tuple]:
@@ -498,9 +533,11 @@ def _acceptance_expectation(run: _Run, timings: dict) -> tuple[np.ndarray | None
         timings["expected_acceptance_s"] = time.perf_counter() - t0
 
 
-def _draw(run: _Run, law: ExactLaw, check_acceptance: bool, progress: bool, timings: dict) -> dict:
+def _draw(run: _Run, law: ExactLaw | None, check_acceptance: bool, progress: bool, timings: dict) -> dict:
     """The counts of the speculative, target-only and (with ``check_acceptance``)
-    first-round runs, each ``num_samples`` rows in blocks over the devices."""
+    first-round runs, each ``num_samples`` rows in blocks over the devices. Without a
+    ``law`` (the sampled path) the speculative and target-only runs keep their tokens
+    (``samples`` int32[S, L]) instead of joint cells."""
     setup, spec_cfg = run.setup, run.setup.spec_cfg
     states = (nnx.split(run.target)[1], as_drafter(run.draft)[1])  # the draft's params (None for a drafter without)
     check_drafter_output(spec_cfg.draft_def, states[1], run.target, tree=spec_cfg.tree, scheme=spec_cfg.scheme,
@@ -511,7 +548,7 @@ def _draw(run: _Run, law: ExactLaw, check_acceptance: bool, progress: bool, timi
                   sharding.shard_params(states[1], getattr(spec_cfg.draft_def, "config", None), run.mesh))
     temps = (setup.temperature, setup.draft_temperature)
     base = jax.random.key(run.seed)
-    levels = tuple((jnp.asarray(p), jnp.asarray(t)) for p, t in law.levels)
+    levels = None if law is None else tuple((jnp.asarray(p), jnp.asarray(t)) for p, t in law.levels)
     common = dict(prompt=run.prompt, horizon=run.horizon, vocab=run.target.config.vocab_size, levels=levels,
                   num_samples=run.num_samples, chunk=run.chunk, devices=run.devices, progress=progress, mesh=run.mesh)
     runs = [("spec", "speculative", spec_cfg, gen.speculative_program, states, temps),
@@ -525,11 +562,11 @@ def _draw(run: _Run, law: ExactLaw, check_acceptance: bool, progress: bool, timi
     return counts
 
 
-def _config(run: _Run) -> dict:
-    """The report's ``config``: what was tested, as resolved."""
+def _config(run: _Run, **extra) -> dict:
+    """The report's ``config``: what was tested, as resolved (and ``extra``: the method)."""
     setup, spec_cfg = run.setup, run.setup.spec_cfg
     t_warp, d_warp = setup.target_warp, setup.draft_warp
-    return {
+    return extra | {
         "tree": run.tree if isinstance(run.tree, str) else str(spec_cfg.tree),
         "tree_resolved": str(spec_cfg.tree),
         "scheme": spec_cfg.scheme,

@@ -34,7 +34,7 @@ class TestResult:
     __test__ = False  # not a pytest class
 
     name: str
-    kind: str  # "chi2_gof" | "chi2_two_sample" | "binomial"
+    kind: str  # "chi2_gof" | "chi2_two_sample" | "binomial" | "pit_chi2" | "ks" (the sampled path)
     statistic: float
     dof: int
     pvalue: float
@@ -43,6 +43,9 @@ class TestResult:
     note: str = ""
     detail: str = dataclasses.field(default="", repr=False, compare=False)  # observed vs expected
     no_power: str = ""
+    #: the smallest deviation the test detects with power 0.9 at ``threshold`` (the sampled
+    #: path's tests: :mod:`jaxspec.exactness.sampled`); None where not computed per test
+    detectable: float | None = None
 
     @property
     def passed(self) -> bool:

@@ -75,11 +75,13 @@ def _block_mesh(devices: tuple, mesh: Mesh | None) -> tuple[Mesh, str]:
 
 @functools.lru_cache(maxsize=32)
 def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int, prompt: tuple, horizon: int,
-             vocab: int, width: int):
+             vocab: int, width: int, keep_tokens: bool = False):
     """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
-    mesh) -> psum-ed integer counts. The prompt is right-padded with 0 to ``width``
-    columns, as :func:`jaxspec.generate` pads it to a prompt bucket."""
-    text = _store_text(kind, cfg, impl, devices, mesh, chunk, prompt, horizon, vocab, width)
+    mesh) -> psum-ed integer counts, and with ``keep_tokens`` (no enumerated law: no joint
+    cells) the block's tokens ``samples`` int32[chunk, L] per device, gathered over the
+    axis. The prompt is right-padded with 0 to ``width`` columns, as
+    :func:`jaxspec.generate` pads it to a prompt bucket."""
+    text = _store_text(kind, cfg, impl, devices, mesh, chunk, prompt, horizon, vocab, width, keep_tokens)
     mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
     padded = np.zeros((width,), np.int32)
@@ -98,9 +100,12 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
         out = {}
         if kind != "first":
             y = res.tokens[:, :horizon]  # [chunk, L]
-            num_cells = levels[-1][0].shape[0]
-            cell = lookup_cells(y, levels, num_cells)
-            out["joint"] = jnp.zeros((num_cells + 1,), jnp.int32).at[cell].add(valid)
+            if keep_tokens:
+                out["samples"] = y
+            else:
+                num_cells = levels[-1][0].shape[0]
+                cell = lookup_cells(y, levels, num_cells)
+                out["joint"] = jnp.zeros((num_cells + 1,), jnp.int32).at[cell].add(valid)
             pos = jnp.broadcast_to(jnp.arange(horizon, dtype=jnp.int32), y.shape)
             out["marginals"] = jnp.zeros((horizon, vocab), jnp.int32).at[pos, jnp.clip(y, 0, vocab - 1)].add(
                 valid[:, None])
@@ -108,9 +113,12 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
             out["accepted"] = jnp.sum(res.accepted_per_depth * valid[:, None], axis=0)
             out["rounds"] = jnp.sum(res.rounds * valid)
             out["tokens"] = jnp.sum(res.lengths * valid)
-        return jax.tree.map(lambda x: jax.lax.psum(x, axis), out)
+        return {k: (v if k == "samples" else jax.lax.psum(v, axis)) for k, v in out.items()}
 
-    f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(), P()), out_specs=P(),
+    names = (["samples" if keep_tokens else "joint", "marginals"] if kind != "first" else []) + (
+        ["accepted", "rounds", "tokens"] if kind != "ar" else [])
+    out_specs = {k: (P(axis) if k == "samples" else P()) for k in names}  # samples: [devices * chunk, L]
+    f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(), P()), out_specs=out_specs,
                       axis_names={axis}, check_vma=False)
     return StoredFunction(f, f"verify_{kind}_block", text), mesh, axis
 
@@ -140,7 +148,9 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     ``kind``: ``"spec"`` (speculative: ``joint`` cells of the first ``horizon`` tokens by
     :func:`lookup_cells` over ``levels``, per-position ``marginals``, ``accepted`` per
     depth, ``rounds``, ``tokens``), ``"ar"`` (target-only: ``joint``, ``marginals``) or
-    ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``).
+    ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``). With ``levels=None``
+    (no enumerated law) ``"spec"`` and ``"ar"`` return the tokens themselves instead of
+    joint cells: ``samples`` int32[num_samples, horizon], rows in block order.
     With ``mesh`` (a ``(data, model)`` mesh; ``devices`` is then unused), blocks run over
     its ``data`` axis and ``states`` must already be placed on it
     (:func:`jaxspec.nn.sharding.shard_state`), as ``cfg.mesh`` expects. ``width``: the
@@ -155,8 +165,9 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
             f"num_samples = {num_samples}: {num_blocks} blocks of chunk_size {chunk}; expected at most "
             f"{2**31 - n_dev} blocks (an int32 block index): use fewer samples or a larger chunk_size"
         )
+    keep = levels is None
     fn, mesh_, axis = _step_fn(kind, cfg, impl, tuple(devices) if mesh is None else (), mesh, chunk,
-                               tuple(prompt), horizon, vocab, len(prompt) if width is None else int(width))
+                               tuple(prompt), horizon, vocab, len(prompt) if width is None else int(width), keep)
     rep = NamedSharding(mesh_, P())
     sharded = NamedSharding(mesh_, P(axis))
     if mesh is None:
@@ -169,11 +180,16 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     pending = None
     bar = _progress_bar(num_samples, desc, progress)
 
-    def collect(out, n):
+    rows = []  # with keep: each step's valid token rows, int32[n, L]
+
+    def collect(out, n_valid):
         nonlocal totals
+        if keep:
+            y = np.asarray(out.pop("samples")).reshape(n_dev, chunk, horizon)  # block d = rows of device d
+            rows.extend(y[d, :k] for d, k in enumerate(n_valid.tolist()) if k)
         host = {k: np.asarray(v).astype(np.int64) for k, v in out.items()}
         totals = host if totals is None else {k: totals[k] + host[k] for k in totals}
-        bar.update(n)
+        bar.update(int(n_valid.sum()))
 
     timing = {"compile_s": 0.0}
     t_all = time.perf_counter()
@@ -194,9 +210,11 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
                 bar.write(f"{desc}: about {_duration(per_step * (num_steps - 1))} left "
                           f"({n_dev * chunk / per_step:,.0f} samples/s after compiling in {timing['compile_s']:.0f} s)",
                           file=sys.stderr)
-        pending = (out, int(n_valid.sum()))
+        pending = (out, n_valid)
     collect(*pending)
     bar.close()
+    if keep:
+        totals["samples"] = np.concatenate(rows).astype(np.int32)
     timing["total_s"] = time.perf_counter() - t_all
     return totals, timing
 
