@@ -38,7 +38,10 @@ samples these rules need.
 
 Cells: token sequences of positive exact probability (``V**L`` of them at most, only
 ``top_k**L`` under a top-k), plus one "outside the support" cell whose observations are a
-certain rejection. More than :data:`MAX_CELLS` cells is refused: pass a ``top_k``.
+certain rejection. A law of more than :data:`MAX_CELLS` cells (any real vocabulary without
+a small ``top_k``) is not enumerated: ``method="auto"`` then tests the same samples with
+the conditional PIT and hashed two-sample cells (:mod:`jaxspec.exactness.sampled`, a
+:class:`~jaxspec.exactness.sampled_report.SampledReport`); ``method="enumerate"`` refuses it.
 
 Modules: the exact reference values come from :mod:`jaxspec.exactness.exact_laws`, the sample
 counts from :mod:`jaxspec.exactness.sample_counts`, the report (text, JSON, plots) is

@@ -30,13 +30,14 @@ import time
 import jax
 import numpy as np
 
+from jaxspec.core.settings import Sampling
 from jaxspec.exactness import stats
 from jaxspec.exactness.hashed import hashed_tests
 from jaxspec.exactness.pit import ORDERS, PitTest, pit_tests, pit_values
 from jaxspec.exactness.report import TestResult
 from jaxspec.exactness.sampled_report import SampledReport
 
-__all__ = ["PIT_BINS", "hashed_cells_for", "sampled_tests", "SampledReport"]
+__all__ = ["PIT_BINS", "hashed_cells_for", "sampled_tests", "run_sampled", "SampledReport"]
 
 #: equal bins of the PIT's χ² tests
 PIT_BINS = 20
@@ -105,8 +106,6 @@ def run_sampled(run, draw, *, alpha: float, progress: bool, t_start: float, conf
     spec, ar = counts["spec"], counts["ar"]
     t0 = time.perf_counter()
     law = run.setup.target_warp
-    from jaxspec.core.settings import Sampling  # noqa: PLC0415
-
     sampling = Sampling(temperature=run.setup.temperature, top_k=law["top_k"], top_p=law["top_p"],
                         min_p=law["min_p"])
     tests, data, a_test = sampled_tests(jax.random.fold_in(jax.random.key(run.seed), 7), run.target, run.prompt,
