@@ -334,7 +334,9 @@ def verify(
         commit. The acceptance test compares with the token-level rule's exact
         expectation; pass ``check_acceptance=False`` for a rule meant to accept differently.
       alpha: family-wise error rate, split over the tests by Bonferroni.
-      check_acceptance: also run one-round decoding and test acceptance per depth.
+      check_acceptance: also run one-round decoding and test acceptance per depth (the
+        enumeration path; the sampled path reports the speculative run's acceptance per
+        depth, observed, at no extra cost).
       devices: devices of the 1-D mesh (default ``jax.devices()``).
       mesh: instead of ``devices``, a :class:`jax.sharding.Mesh` with axes ``"data"``
         and/or ``"model"`` (:func:`jaxspec.make_mesh`): blocks of samples over ``data``, and
