@@ -233,14 +233,15 @@ def test_distill_init_with_another_config_names_the_flag(tmp_path, capsys):
 def test_verify_refuses_too_many_cells_before_enumerating(monkeypatch, capsys, argv, needles):
     """A top-k given: the check of ``vocab**horizon`` cells did not apply, and the exact
     law was enumerated level by level (dense ``[rows, V]`` laws) until the kernel killed
-    it. ``min(top_k, V)**horizon`` is known from the flags: refused before enumerating."""
+    it. ``min(top_k, V)**horizon`` is known from the flags: refused before enumerating
+    (``--method enumerate``; ``auto`` tests such a law without enumeration)."""
     import jaxspec.exactness.harness as harness
 
     def no_enumeration(*a, **k):
         raise AssertionError("exact_law was called: the cell count was not checked first")
 
     monkeypatch.setattr(harness, "exact_law", no_enumeration)
-    code = main(["verify", *argv, "--samples", "1000", "--no-progress"])
+    code = main(["verify", *argv, "--method", "enumerate", "--samples", "1000", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
     for needle in needles:
@@ -254,7 +255,8 @@ def test_verify_library_refuses_too_many_cells_with_a_top_k(monkeypatch):
     monkeypatch.setattr(harness, "exact_law", lambda *a, **k: pytest.fail("exact_law was called"))
     with pytest.raises(jaxspec.SettingError, match=r"^top_k = 100 and horizon = 12: min\(top_k, the target's 4 tokens\) "
                                                    r"give up to 4\*\*12 = 16777216 joint cells"):
-        jaxspec.verify(sampling=jaxspec.Sampling(top_k=100), horizon=12, num_samples=1000, progress=False)
+        jaxspec.verify(sampling=jaxspec.Sampling(top_k=100), horizon=12, num_samples=1000, progress=False,
+                       method="enumerate")
 
 
 # ----------------------------------------------------------------------------- a caller's rule or drafter
