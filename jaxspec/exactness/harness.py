@@ -98,14 +98,13 @@ from jaxspec.exactness.exact_laws import (
     MAX_ACCEPT_TERMS,
     MAX_CELLS,
     ExactLaw,
-    cells_bound,
     exact_law,
     expected_acceptance,
 )
 from jaxspec.exactness.law_tests import evidence, law_tests
 from jaxspec.exactness.report import TestResult, VerifyReport
 from jaxspec.exactness.sample_counts import count_samples
-from jaxspec.exactness.sampled import run_sampled
+from jaxspec.exactness.sampled import METHODS, choose_method, run_sampled
 from jaxspec.exactness.sampled_report import SampledReport
 from jaxspec.nn import sharding
 from jaxspec.nn.config import ModelConfig
@@ -140,8 +139,6 @@ DEFAULT_SCHEME = None
 #: break (two siblings per node and two levels; a chain for block verification's mutants)
 MUTANT_CONFIG = {"token": ("branch:2,2", "iid"), "traversal": ("branch:2,2", "iid"), "block": ("chain:3", "iid")}
 DEFAULT_PROMPT = (1, 2, 3)
-#: how :func:`verify` tests: "auto" (enumeration where the law's cells fit), "enumerate", "sampled"
-METHODS = ("auto", "enumerate", "sampled")
 
 
 # --------------------------------------------------------------------------- default pair
@@ -443,7 +440,7 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
         tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
-    method, method_reason = _method(method, check_sampling("sampling", sampling, Sampling()), v, horizon)
+    method, method_reason = choose_method(method, check_sampling("sampling", sampling, Sampling()), v, horizon)
     setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         label = mutants.MUTANT_RULE[mutant]
@@ -458,34 +455,6 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
     return _Run(target, draft, tree, rule, prompt, horizon, num_samples, seed, mutant, user_accept, prompt_bucket,
                 setup, mesh, devices, chunk, method, method_reason)
 
-
-def _method(method: str, law: Sampling, v: int, horizon: int) -> tuple[str, str]:
-    """(the method as resolved, why): ``"auto"`` enumerates where the law's cells fit;
-    ``"enumerate"`` on a law that does not fit is refused, naming top_k and horizon."""
-    too_many = _too_many_cells(law, v, horizon)
-    if too_many is not None and method == "enumerate":
-        raise too_many
-    if method == "sampled":
-        return "sampled", "method='sampled'"
-    if too_many is not None:
-        k = min(v, law.top_k or v)
-        return "sampled", f"up to {k}**{horizon} joint cells, more than the MAX_CELLS = {MAX_CELLS} enumeration takes"
-    return "enumerate", "the joint law fits enumeration"
-
-
-def _too_many_cells(law: Sampling, v: int, horizon: int) -> SettingError | None:
-    """The refusal of enumeration for a law with more than :data:`MAX_CELLS` cells (from its
-    bound, before anything is enumerated), or None where it fits."""
-    top_k = law.top_k
-    k = min(v, top_k or v)
-    if cells_bound(v, horizon, temperature=law.temperature, top_k=k) <= MAX_CELLS:
-        return None
-    count = f"{k}**{horizon}{f' = {k**horizon}' if horizon <= 64 else ''}"
-    whose = f"the target's {v} tokens give" if top_k is None else f"min(top_k, the target's {v} tokens) give"
-    return SettingError({"top_k": top_k, "horizon": horizon},
-                        f"{whose} up to {count} joint cells, more than MAX_CELLS = {MAX_CELLS}; expected a top_k "
-                        f"with top_k**horizon <= {MAX_CELLS}, or a smaller horizon (or method='sampled', which "
-                        f"needs no enumeration)")
 
 
 def _placement(setup: _Setup, target, mesh, devices) -> tuple[_Setup, object, tuple]:

@@ -31,16 +31,51 @@ import jax
 import numpy as np
 
 from jaxspec.core.settings import Sampling
+from jaxspec.errors import SettingError
 from jaxspec.exactness import stats
+from jaxspec.exactness.exact_laws import MAX_CELLS, cells_bound
 from jaxspec.exactness.hashed import hashed_tests
 from jaxspec.exactness.pit import ORDERS, PitTest, pit_tests, pit_values
 from jaxspec.exactness.report import TestResult
 from jaxspec.exactness.sampled_report import SampledReport
 
-__all__ = ["PIT_BINS", "hashed_cells_for", "sampled_tests", "run_sampled", "SampledReport"]
+__all__ = ["METHODS", "PIT_BINS", "choose_method", "too_many_cells", "hashed_cells_for", "sampled_tests",
+           "run_sampled", "SampledReport"]
 
 #: equal bins of the PIT's χ² tests
 PIT_BINS = 20
+#: how :func:`~jaxspec.exactness.harness.verify` tests: "auto" (enumeration where the law's
+#: cells fit, else sampled), "enumerate", "sampled"
+METHODS = ("auto", "enumerate", "sampled")
+
+
+def too_many_cells(law: Sampling, v: int, horizon: int) -> SettingError | None:
+    """The refusal of enumeration for a law with more than :data:`MAX_CELLS` cells (from its
+    bound, before anything is enumerated), or None where it fits."""
+    top_k = law.top_k
+    k = min(v, top_k or v)
+    if cells_bound(v, horizon, temperature=law.temperature, top_k=k) <= MAX_CELLS:
+        return None
+    count = f"{k}**{horizon}{f' = {k**horizon}' if horizon <= 64 else ''}"
+    whose = f"the target's {v} tokens give" if top_k is None else f"min(top_k, the target's {v} tokens) give"
+    return SettingError({"top_k": top_k, "horizon": horizon},
+                        f"{whose} up to {count} joint cells, more than MAX_CELLS = {MAX_CELLS}; expected a top_k "
+                        f"with top_k**horizon <= {MAX_CELLS}, or a smaller horizon (or method='sampled', which "
+                        f"needs no enumeration)")
+
+
+def choose_method(method: str, law: Sampling, v: int, horizon: int) -> tuple[str, str]:
+    """(the method as resolved, why): ``"auto"`` enumerates where the law's cells fit;
+    ``"enumerate"`` on a law that does not fit is refused, naming top_k and horizon."""
+    too_many = too_many_cells(law, v, horizon)
+    if too_many is not None and method == "enumerate":
+        raise too_many
+    if method == "sampled":
+        return "sampled", "method='sampled'"
+    if too_many is not None:
+        k = min(v, law.top_k or v)
+        return "sampled", f"up to {k}**{horizon} joint cells, more than the MAX_CELLS = {MAX_CELLS} enumeration takes"
+    return "enumerate", "the joint law fits enumeration"
 
 
 def hashed_cells_for(num_samples: int) -> int:
