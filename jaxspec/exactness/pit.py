@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -153,13 +154,14 @@ def _check_inputs(target, prompt, samples, sampling, max_rows):
 
 
 def pit_values(key, target: Transformer, prompt, samples, sampling: Sampling | None = None, *,
-               order="p", max_rows: int = MAX_ROWS):
+               order="p", max_rows: int = MAX_ROWS, progress: bool = False, desc: str = "PIT forwards"):
     """The PIT of ``samples`` int32[S, L] (L tokens emitted after ``prompt``) under the
     target's law warped by ``sampling`` (default ``Sampling()``): ``u float64[S, L]`` and
     the impossible tokens. ``key`` draws the ``W`` float64[S, L] (one ``W`` for every
     order). The forwards run in chunks of ``max_rows`` samples, zero-padded, so one
     program serves every chunk. ``order``: one of :data:`ORDERS` (a :class:`PitValues`), or
-    a tuple of them (a tuple of :class:`PitValues`, from the same forwards)."""
+    a tuple of them (a tuple of :class:`PitValues`, from the same forwards). ``progress``:
+    a progress bar (``desc``) over the samples on stderr."""
     prompt, samples, sampling = _check_inputs(target, prompt, samples, sampling, max_rows)
     orders = (order,) if isinstance(order, str) else tuple(order)
     if not orders:
@@ -179,6 +181,10 @@ def pit_values(key, target: Transformer, prompt, samples, sampling: Sampling | N
     rows = min(max_rows, n)
     u = np.empty((len(orders), n, horizon))
     impossible = np.empty((n, horizon), bool)
+    from tqdm import tqdm  # noqa: PLC0415 (the text bar: no ipywidgets warning in notebooks)
+
+    bar = tqdm(total=n, desc=desc, unit="samples", unit_scale=True, disable=not progress, file=sys.stderr,
+               leave=False)
     for s in range(0, n, rows):
         chunk = seqs[s : s + rows]
         padded = np.concatenate([chunk, np.zeros((rows - chunk.shape[0], chunk.shape[1]), np.int32)])
@@ -186,6 +192,8 @@ def pit_values(key, target: Transformer, prompt, samples, sampling: Sampling | N
         for i, o in enumerate(orders):
             u[i, s : s + rows], impossible[s : s + rows] = pit_from_laws(laws, samples[s : s + rows],
                                                                          w[s : s + rows], o)
+        bar.update(chunk.shape[0])
+    bar.close()
     out = tuple(PitValues(u[i], impossible, o) for i, o in enumerate(orders))
     return out[0] if isinstance(order, str) else out
 

@@ -96,7 +96,7 @@ def _pit_result(t: PitTest, prefix: str) -> TestResult:
 
 
 def sampled_tests(key, target, prompt, spec, ar, sampling, *, alpha: float, bins: int = PIT_BINS,
-                  num_cells: int | None = None) -> tuple[list[TestResult], dict, float]:
+                  num_cells: int | None = None, progress: bool = False) -> tuple[list[TestResult], dict, float]:
     """Every test of the module docstring on ``spec`` and ``ar`` int32[S, L] (the
     speculative and target-only tokens after ``prompt``) under ``sampling`` (the target's
     warps): (the tests, the data behind them for the report and its figures, the level
@@ -106,8 +106,10 @@ def sampled_tests(key, target, prompt, spec, ar, sampling, *, alpha: float, bins
     m_spec, m_ar, m_hash = len(ORDERS) * (horizon + 2), horizon + 2, horizon
     m = m_spec + m_ar + m_hash
     a_test = stats.bonferroni(alpha, m)
-    spec_pit = pit_values(jax.random.fold_in(key, 0), target, prompt, spec, sampling, order=ORDERS)
-    ar_pit = pit_values(jax.random.fold_in(key, 1), target, prompt, ar, sampling, order="p")
+    spec_pit = pit_values(jax.random.fold_in(key, 0), target, prompt, spec, sampling, order=ORDERS,
+                          progress=progress, desc="PIT of speculative")
+    ar_pit = pit_values(jax.random.fold_in(key, 1), target, prompt, ar, sampling, order="p", progress=progress,
+                        desc="PIT of target only")
     spec_res = pit_tests(spec_pit, bins=bins, alpha=alpha * m_spec / m)
     ar_res = pit_tests(ar_pit, bins=bins, alpha=alpha * m_ar / m)
     hashed = hashed_tests(spec, ar, num_cells=num_cells, alpha=alpha * m_hash / m)
@@ -144,7 +146,7 @@ def run_sampled(run, draw, *, alpha: float, progress: bool, t_start: float, conf
     sampling = Sampling(temperature=run.setup.temperature, top_k=law["top_k"], top_p=law["top_p"],
                         min_p=law["min_p"])
     tests, data, a_test = sampled_tests(jax.random.fold_in(jax.random.key(run.seed), 7), run.target, run.prompt,
-                                        spec["samples"], ar["samples"], sampling, alpha=alpha)
+                                        spec["samples"], ar["samples"], sampling, alpha=alpha, progress=progress)
     config = dict(config, hashed_cells=data["hashed_cells"], pit_bins=data["bins"], pit_orders=list(ORDERS))
     timings["tests_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
