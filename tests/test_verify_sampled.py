@@ -147,3 +147,26 @@ def test_summary_names_the_method_and_each_tests_power():
     assert np.isclose(r.to_dict()["detectable"]["pit_tv"], [t.detectable for t in r.tests
                                                             if t.name == "speculative PIT [p] pooled chi2"][0])
     assert isinstance(jaxspec.exactness.SampledReport, type)
+
+
+def test_a_one_sequence_prefix_is_agreement_not_a_lack_of_power():
+    """The hashed test of a prefix that is one sequence in both samples (a near-certain
+    first token, as after a code prompt on SmolLM2) has dof 0 but is no reason for
+    INCONCLUSIVE; several sequences pooled into one cell for want of samples are."""
+    import jax
+
+    from jaxspec.core.settings import Sampling
+    from jaxspec.exactness.harness import default_pair
+    from jaxspec.exactness.sampled import sampled_tests
+
+    target, _ = default_pair(0)
+    rng = np.random.default_rng(0)
+    spec, ar = rng.integers(0, 4, (256, 2)), rng.integers(0, 4, (256, 2))
+    spec[:, 0] = ar[:, 0] = 2
+    tests, _, _ = sampled_tests(jax.random.key(0), target, (1, 2, 3), spec, ar, Sampling(), alpha=1e-3)
+    first = next(t for t in tests if t.name == "hashed two-sample chi2, first 1 tokens")
+    assert first.dof == 0 and first.no_power == ""
+    few = np.array([[0, 1], [1, 2]])  # two sequences, far too few samples: pooled into one cell
+    tests, _, _ = sampled_tests(jax.random.key(0), target, (1, 2, 3), few, few[::-1], Sampling(), alpha=1e-3)
+    first = next(t for t in tests if t.name == "hashed two-sample chi2, first 1 tokens")
+    assert first.dof == 0 and first.no_power == "every cell pooled into one (dof 0)"

@@ -34,7 +34,7 @@ from jaxspec.core.settings import Sampling
 from jaxspec.errors import SettingError
 from jaxspec.exactness import stats
 from jaxspec.exactness.exact_laws import MAX_CELLS, cells_bound
-from jaxspec.exactness.hashed import hashed_tests
+from jaxspec.exactness.hashed import hash_cells, hashed_tests
 from jaxspec.exactness.pit import ORDERS, PitTest, pit_tests, pit_values
 from jaxspec.exactness.report import TestResult
 from jaxspec.exactness.sampled_report import SampledReport
@@ -116,7 +116,12 @@ def sampled_tests(key, target, prompt, spec, ar, sampling, *, alpha: float, bins
     tests = [_pit_result(t, "speculative PIT") for t in spec_res.tests]
     tests += [_pit_result(t, "target-only PIT (control)") for t in ar_res.tests]
     for k, r, d in zip(hashed.lengths, hashed.tests, hashed.detectable, strict=True):
-        no_power = "every cell pooled into one (dof 0)" if r.dof < 1 else _no_power(d)
+        # one cell seen in both samples: the first k tokens are (as far as S samples show) one
+        # sequence under both decoders -- agreement, not a lack of samples; the PIT still tests
+        # those tokens. Several cells pooled into one: too few samples for this test.
+        seen = np.unique(hash_cells(np.concatenate([spec[:, :k], ar[:, :k]]), num_cells)).size
+        no_power = ("every cell pooled into one (dof 0)" if r.dof < 1 and seen > 1 else
+                    "" if r.dof < 1 else _no_power(d))
         tests.append(TestResult(f"hashed two-sample chi2, first {k} tokens", "chi2_two_sample", r.statistic, r.dof,
                                 r.pvalue, hashed.threshold, r.n, note=r.note, detail=r.table(), no_power=no_power,
                                 detectable=d))
