@@ -170,3 +170,24 @@ def test_a_one_sequence_prefix_is_agreement_not_a_lack_of_power():
     tests, _, _ = sampled_tests(jax.random.key(0), target, (1, 2, 3), few, few[::-1], Sampling(), alpha=1e-3)
     first = next(t for t in tests if t.name == "hashed two-sample chi2, first 1 tokens")
     assert first.dof == 0 and first.no_power == "every cell pooled into one (dof 0)"
+
+
+def test_a_vacuous_prefix_beside_a_longer_one_with_power_is_not_inconclusive():
+    """A near-certain first token (two rare rows beside 254 common ones: pooled into one
+    cell) is vacuous for the 1-token hashed test; the 2-token test has power, so the run is
+    not inconclusive for it (the SmolLM2 run of docs/EVIDENCE.md)."""
+    import jax
+
+    from jaxspec.core.settings import Sampling
+    from jaxspec.exactness.harness import default_pair
+    from jaxspec.exactness.sampled import sampled_tests
+
+    target, _ = default_pair(0)
+    rng = np.random.default_rng(1)
+    spec, ar = rng.integers(0, 4, (256, 2)), rng.integers(0, 4, (256, 2))
+    spec[:, 0] = ar[:, 0] = 2
+    spec[:2, 0] = 3
+    tests, _, _ = sampled_tests(jax.random.key(0), target, (1, 2, 3), spec, ar, Sampling(), alpha=1e-3)
+    one, two = (next(t for t in tests if t.name == f"hashed two-sample chi2, first {k} tokens") for k in (1, 2))
+    assert one.dof == 0 and one.no_power == "" and "vacuous" in one.note
+    assert two.dof >= 1 and two.has_power
