@@ -103,7 +103,7 @@ from jaxspec.exactness.exact_laws import (
 )
 from jaxspec.exactness.law_tests import evidence, law_tests
 from jaxspec.exactness.report import TestResult, VerifyReport
-from jaxspec.exactness.sample_counts import count_samples
+from jaxspec.exactness.sample_counts import count_samples, finish_timings
 from jaxspec.exactness.sampled import METHODS, choose_method, run_sampled
 from jaxspec.exactness.sampled_report import SampledReport
 from jaxspec.nn import sharding
@@ -375,11 +375,7 @@ def verify(
     tests, a_test = law_tests(law, spec, ar, None if first is None else first["accepted"], acc_exp, alpha=alpha,
                               num_samples=run.num_samples)
     timings["total_s"] = time.perf_counter() - t_start
-    for name in ("speculative", "target_only"):
-        t = timings[name]
-        timings[f"{name}_samples_per_s"] = run.num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
-    timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
-               for k, x in timings.items()}
+    timings = finish_timings(timings, run.num_samples)
     return VerifyReport(
         config=_config(run, method="enumerate", method_reason=run.method_reason), tests=tuple(tests), alpha=alpha, alpha_per_test=a_test, num_samples=run.num_samples,
         cells=law.cells, exact=law.probs, spec_counts=spec["joint"], ar_counts=ar["joint"],

@@ -35,7 +35,7 @@ from jaxspec.decode.generate import store_text
 from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn.sharding import put
 
-__all__ = ["count_samples", "lookup_cells"]
+__all__ = ["count_samples", "finish_timings", "lookup_cells"]
 
 _AXIS = "chains"
 
@@ -217,6 +217,16 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
         totals["samples"] = np.concatenate(rows).astype(np.int32)
     timing["total_s"] = time.perf_counter() - t_all
     return totals, timing
+
+
+def finish_timings(timings: dict, num_samples: int) -> dict:
+    """A report's timings: each run's samples/s after compiling (from its ``total_s`` and
+    ``compile_s``), every figure rounded to milliseconds."""
+    for name in ("speculative", "target_only"):
+        t = timings[name]
+        timings[f"{name}_samples_per_s"] = num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
+    return {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
+            for k, x in timings.items()}
 
 
 def _duration(seconds: float) -> str:

@@ -38,6 +38,7 @@ from jaxspec.exactness.exact_laws import MAX_CELLS, cells_bound
 from jaxspec.exactness.hashed import hash_cells, hashed_tests
 from jaxspec.exactness.pit import ORDERS, PitTest, pit_tests, pit_values
 from jaxspec.exactness.report import TestResult
+from jaxspec.exactness.sample_counts import finish_timings
 from jaxspec.exactness.sampled_report import SampledReport
 
 __all__ = ["METHODS", "PIT_BINS", "choose_method", "too_many_cells", "hashed_cells_for", "sampled_tests",
@@ -165,11 +166,7 @@ def run_sampled(run, draw, *, alpha: float, progress: bool, t_start: float, conf
     config = dict(config, hashed_cells=data["hashed_cells"], pit_bins=data["bins"], pit_orders=list(ORDERS))
     timings["tests_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
-    for name in ("speculative", "target_only"):
-        t = timings[name]
-        timings[f"{name}_samples_per_s"] = run.num_samples / max(t["total_s"] - t["compile_s"], 1e-9)
-    timings = {k: ({a: round(b, 3) for a, b in x.items()} if isinstance(x, dict) else round(float(x), 3))
-               for k, x in timings.items()}
+    timings = finish_timings(timings, run.num_samples)
     rounds = max(int(spec["rounds"]), 1)
     return SampledReport(
         config=config, tests=tuple(tests), alpha=alpha, alpha_per_test=a_test, num_samples=run.num_samples,
