@@ -53,8 +53,8 @@ from jaxspec.decode import generate as gen
 from jaxspec.decode import loops
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 110
-THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~9.1e-6
+NUM_TESTS = 120
+THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~8.3e-6
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
 PROMPT = [1, 2]
@@ -182,8 +182,11 @@ NGRAM_CASES = [("chain", "none"), ("branch", "t0.7_topk3")]
 # feature-head drafts (jaxspec.FeatureHead, a random head on the tiny target): the default
 # rule on a chain (block), the token rule on a branching tree under a warped law
 HEAD_CASES = [("chain", "iid", "none"), ("branch", "without_replacement", "t0.7_topk3")]
+# a reduced-vocabulary head (EAGLE-3's draft vocabulary): it drafts ids REDUCED_VOCAB only, its
+# q zero at the others, where the rule must still emit the target's mass
+REDUCED_VOCAB = (0, 2, 3)
 assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES)
-             + len(HEAD_CASES))
+             + 2 * len(HEAD_CASES))
         + 4 * len(RAGGED) * 2 + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)  # ragged: plain and queued
 
 
@@ -244,6 +247,18 @@ def test_generate_feature_head_matches_exact_target_law(tree, scheme, warp_key):
     seed = 7500 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="auto", draft=_head())
     _check(counts, _exact(warp_key), f"head/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+@pytest.mark.parametrize("tree,scheme,warp_key", HEAD_CASES)
+def test_generate_reduced_vocabulary_head_matches_exact_target_law(tree, scheme, warp_key):
+    """generate(draft=a FeatureHead drafting REDUCED_VOCAB only): q is zero at the other ids,
+    which the target still emits, through its residual, at their exact probability."""
+    from jaxspec.nn.head import head_config, init_head
+
+    head = init_head(head_config(_pair()[0].config), jax.random.key(2000), draft_vocab=REDUCED_VOCAB)
+    seed = 7700 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="auto", draft=head)
+    _check(counts, _exact(warp_key), f"reduced head/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
 
 def test_generate_ragged_batch_matches_each_prompts_law():

@@ -116,7 +116,7 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
             h, cache = head(target, feats, toks, pos_all[:, a:z], cache.replace(lengths=root_slot + a),
                             mask_all[:, a:z])
         node_h = node_h.at[:, a:z].set(h)
-        probs = warp(target.unembed(h), temperature)  # [B, z - a, V]
+        probs = warp(head.logits(target, h), temperature)  # [B, z - a, V]
         draft_probs = draft_probs.at[:, a:z].set(probs)
         node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens)
     return node_tokens, draft_probs, state._replace(cache=cache.replace(lengths=lh))

@@ -61,7 +61,7 @@ def _head_logits_at_fn(head_def, target_def, prompt_len: int, width: int):
             p = prompt_len - 1 + k
             pred = head.teacher_forced(target, tokens, feats)[:, p]
             feats = feats.at[:, p].set(jnp.where(k < d, pred, feats[:, p]))
-        return target.unembed(head.teacher_forced(target, tokens, feats)[:, pos][:, None])[:, 0]
+        return head.logits(target, head.teacher_forced(target, tokens, feats)[:, pos][:, None])[:, 0]
 
     return f
 

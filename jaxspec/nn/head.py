@@ -9,6 +9,13 @@ prediction into the draft law of token ``p + 1``::
     h_p   = norm(layer(x_p))                              one decoder layer, own KV cache
     q_p+1 = softmax(target.unembed(h_p))                 the target's LM head, frozen
 
+A head with a **reduced draft vocabulary** (EAGLE-3, arXiv 2503.01840) drafts only the K
+target ids of its :class:`DraftVocab` (``int32[K]``, e.g. the K most frequent tokens of what
+the target says): its logits are the target's LM head at those rows
+(:meth:`~jaxspec.nn.model.Transformer.unembed_rows`, a K / V share of the full head's cost),
+``-inf`` elsewhere, so its law q is zero outside them. The acceptance rule is lossless for
+any q; a reduced vocabulary only bounds acceptance by the target's mass on the K ids.
+
 "Feature" is the target's last residual after its final norm
 (:meth:`jaxspec.nn.model.Transformer.features`), the input of its LM head, so a perfect
 head reproduces the target's law exactly. The embedding table and the LM head are the
@@ -41,6 +48,7 @@ from jaxspec.nn.model import FORWARD_SCOPE, DecoderLayer, RMSNorm, Transformer, 
 
 __all__ = [
     "HEAD_KEY",
+    "DraftVocab",
     "FeatureHead",
     "head_config",
     "init_head",
@@ -54,6 +62,8 @@ __all__ = [
 
 #: the ``config.json`` key that marks a folder as a feature head (its ModelConfig dict)
 HEAD_KEY = "jaxspec_head"
+#: the ``config.json`` key of a reduced-vocabulary head's K (absent: the whole vocabulary)
+DRAFT_VOCAB_KEY = "draft_vocab_size"
 _F32 = jnp.float32
 
 
@@ -72,6 +82,11 @@ def head_config(target: ModelConfig, *, num_attention_heads: int | None = None,
     return ModelConfig.from_dict(d)
 
 
+class DraftVocab(nnx.Variable):
+    """The target ids a reduced-vocabulary head drafts, ``int32[K]`` (distinct, in range);
+    fixed when the head is made, never trained (training differentiates ``nnx.Param`` only)."""
+
+
 class FeatureHead(nnx.Module):
     """One decoder layer over ``fc([embed(token), feature])``; see the module docstring.
 
@@ -81,10 +96,14 @@ class FeatureHead(nnx.Module):
         h, cache = head(target, feats, tokens, positions, cache, attention_mask)
         # feats float32[B, T, D] (the target's feature at each token's previous position),
         # tokens/positions int32[B, T], attention_mask bool[B, T, S] -> h float32[B, T, D]
-        logits = target.unembed(h)   # float32[B, T, V]
+        logits = head.logits(target, h)   # float32[B, T, V] (-inf outside a reduced vocabulary)
+
+    ``draft_vocab_size`` K (default None: the whole vocabulary) makes a reduced-vocabulary
+    head; its ids (:class:`DraftVocab`) start as ``0 .. K-1`` and are set by
+    :func:`init_head` or loaded by :func:`load_head`.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, draft_vocab_size: int | None = None):
         if not isinstance(config, ModelConfig):
             raise ValueError(f"FeatureHead: config = {type(config).__name__}; expected a ModelConfig")
         if config.num_hidden_layers != 1:
@@ -97,6 +116,26 @@ class FeatureHead(nnx.Module):
         self.fc = nnx.Linear(2 * d, d, use_bias=True, dtype=pd, param_dtype=pd, rngs=rngs)
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs)])
         self.norm = RMSNorm(d, config.rms_norm_eps, pd)
+        if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
+                                             or not 1 <= draft_vocab_size <= config.vocab_size):
+            raise ValueError(f"FeatureHead: draft_vocab_size = {draft_vocab_size!r}; expected None or an integer "
+                             f"from 1 to the vocabulary's {config.vocab_size}")
+        self.draft_vocab = None if draft_vocab_size is None else DraftVocab(jnp.arange(draft_vocab_size, dtype=jnp.int32))
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        """K, the ids a reduced-vocabulary head drafts; None for the whole vocabulary."""
+        return None if self.draft_vocab is None else int(self.draft_vocab.get_value().shape[0])
+
+    def logits(self, target: Transformer, h) -> jax.Array:
+        """The draft logits of features ``h [B, T, D]``: float32 ``[B, T, V]``, the target's
+        LM head; with a reduced vocabulary its K rows, ``-inf`` at the other ids."""
+        if self.draft_vocab is None:
+            return target.unembed(h)
+        ids = self.draft_vocab.get_value()  # int32[K]
+        rows = target.unembed_rows(h, ids)  # [B, T, K]
+        full = jnp.full((*rows.shape[:-1], self.config.vocab_size), -jnp.inf, rows.dtype)
+        return full.at[..., ids].set(rows)
 
     def inputs(self, target: Transformer, feats, tokens):
         """The layer's input ``fc([embed(tokens), feats])``: float32 ``[B, T, D]``."""
@@ -151,9 +190,22 @@ class FeatureHead(nnx.Module):
         return jnp.stack(preds)
 
 
-def init_head(config: ModelConfig, key: jax.Array) -> FeatureHead:
-    """A randomly initialised :class:`FeatureHead` (``key`` from ``jax.random.key``)."""
-    return FeatureHead(config, rngs=nnx.Rngs(params=key))
+def init_head(config: ModelConfig, key: jax.Array, *, draft_vocab=None) -> FeatureHead:
+    """A randomly initialised :class:`FeatureHead` (``key`` from ``jax.random.key``);
+    ``draft_vocab`` (distinct target ids, any integer sequence) makes it a reduced-vocabulary
+    head drafting those ids."""
+    if draft_vocab is None:
+        return FeatureHead(config, rngs=nnx.Rngs(params=key))
+    ids = np.asarray(draft_vocab)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"init_head: draft_vocab = {ids.dtype}{list(ids.shape)}; expected a non-empty 1-D "
+                         "sequence of integer token ids")
+    if ids.min() < 0 or ids.max() >= config.vocab_size or np.unique(ids).size != ids.size:
+        raise ValueError(f"init_head: draft_vocab has ids outside 0..{config.vocab_size - 1} or repeated ids; "
+                         "expected distinct ids of the target's vocabulary")
+    head = FeatureHead(config, rngs=nnx.Rngs(params=key), draft_vocab_size=int(ids.size))
+    head.draft_vocab.set_value(jnp.asarray(ids, jnp.int32))
+    return head
 
 
 def check_head_for(name: str, head, target: Transformer) -> FeatureHead:
@@ -216,6 +268,8 @@ def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transfor
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {HEAD_KEY: head.config.to_dict(), **(extra or {})}
+    if head.draft_vocab is not None:
+        meta[DRAFT_VOCAB_KEY] = head.draft_vocab_size
     if target is not None:
         meta["target_digest"] = target_digest(target)
     flat = dict(nnx.to_flat_state(nnx.state(head)))
@@ -235,7 +289,12 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
                          "(written by jaxspec train-head or save_head)")
     meta = json.loads((folder / "config.json").read_text())
     config = ModelConfig.from_dict(meta[HEAD_KEY])
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: init_head(config, jax.random.key(0))))
+    k = meta.get(DRAFT_VOCAB_KEY)
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= config.vocab_size):
+        raise ValueError(f"load_head: {folder / 'config.json'}: {DRAFT_VOCAB_KEY} = {k!r}; expected an integer "
+                         f"from 1 to the vocabulary's {config.vocab_size}")
+    graphdef, state = nnx.split(nnx.eval_shape(
+        lambda: FeatureHead(config, rngs=nnx.Rngs(params=jax.random.key(0)), draft_vocab_size=k)))
     shapes = {path: var.get_value() for path, var in nnx.to_flat_state(state)}
     weights = folder / "model.safetensors"
     if not weights.is_file():
@@ -259,4 +318,10 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
                 node = node[p]
             node[path[-1]] = jnp.asarray(a)
     nnx.replace_by_pure_dict(state, pure)
-    return nnx.merge(graphdef, state)
+    head = nnx.merge(graphdef, state)
+    if head.draft_vocab is not None:
+        ids = np.asarray(head.draft_vocab.get_value())
+        if ids.min() < 0 or ids.max() >= config.vocab_size or np.unique(ids).size != ids.size:
+            raise ValueError(f"load_head: {weights}: tensor 'draft_vocab' holds ids outside 0..{config.vocab_size - 1} "
+                             "or repeated ids; expected distinct ids of the target's vocabulary")
+    return head

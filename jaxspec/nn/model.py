@@ -290,6 +290,19 @@ class Transformer(nnx.Module):
             cap = self.config.final_logit_softcapping
             return logits if cap is None else jnp.tanh(logits / cap) * cap  # Gemma 2
 
+    def unembed_rows(self, h: jax.Array, ids: jax.Array) -> jax.Array:
+        """:meth:`unembed` at the vocabulary entries ``ids int32[K]`` only: ``[B, T, D]`` ->
+        float32 ``[B, T, K]``, equal to ``unembed(h)[..., ids]`` at a K / V share of its cost
+        (a reduced-vocabulary draft head, :class:`jaxspec.nn.head.FeatureHead`)."""
+        with jax.named_scope(FORWARD_SCOPE):
+            if self.lm_head is None:
+                w = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).T  # [D, K]
+            else:
+                w = jnp.take(self.lm_head.kernel[...], ids, axis=1)  # [D, K]
+            logits = jnp.einsum("btd,dk->btk", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+            cap = self.config.final_logit_softcapping
+            return logits if cap is None else jnp.tanh(logits / cap) * cap
+
     def logits(self, x: jax.Array) -> jax.Array:
         """Residual ``[B, T, D]`` -> final norm -> float32 logits ``[B, T, V]``."""
         return self.unembed(self.norm(x))

@@ -1,0 +1,104 @@
+"""A feature head with a reduced draft vocabulary (EAGLE-3): the target's LM head at K rows,
+q zero elsewhere. Its logits against the full head, greedy equality through ``generate``,
+the exact law of verification (enumerated), saving and loading, and the refusals. (The
+end-to-end chi-square law: tests/test_generate_exactness.py, the reduced-vocabulary cases.)"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _tiny import tiny_pair
+
+import jaxspec
+from jaxspec.nn.head import head_config, init_head, load_head, save_head
+from jaxspec.nn.model import forward_features, init_model
+
+V = 16
+IDS = (3, 0, 7, 12, 5, 9)  # any order: the head's row k drafts id IDS[k]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, _ = tiny_pair(5, vocab_size=V, hidden_size=16, num_heads=2, num_layers=2)
+    return target, init_head(head_config(target.config), jax.random.key(7), draft_vocab=IDS)
+
+
+def test_rows_of_the_lm_head_are_the_full_heads_columns(models):
+    """``unembed_rows(h, ids)`` is ``unembed(h)[..., ids]``, tied and untied, with a softcap."""
+    target, _ = models
+    h = jax.random.normal(jax.random.key(1), (2, 3, 16))
+    ids = jnp.asarray(IDS, jnp.int32)
+    np.testing.assert_allclose(np.asarray(target.unembed_rows(h, ids)), np.asarray(target.unembed(h))[..., IDS],
+                               rtol=1e-6, atol=1e-6)
+    for change in (dict(tie_word_embeddings=True), dict(final_logit_softcapping=2.0)):
+        other = init_model(dataclasses.replace(target.config, **change), jax.random.key(3))
+        np.testing.assert_allclose(np.asarray(other.unembed_rows(h, ids)), np.asarray(other.unembed(h))[..., IDS],
+                                   rtol=1e-6, atol=1e-6, err_msg=str(change))
+
+
+def test_the_head_drafts_its_ids_only(models):
+    """Logits: the full head's at the K ids, -inf elsewhere, so q is exactly 0 there."""
+    target, head = models
+    assert head.draft_vocab_size == len(IDS)
+    toks = jnp.asarray([[1, 4, 2, 8]], jnp.int32)
+    pred = head.teacher_forced(target, toks, forward_features(target, toks))
+    got, full = np.asarray(head.logits(target, pred)), np.asarray(target.unembed(pred))
+    other = np.setdiff1d(np.arange(V), IDS)
+    np.testing.assert_allclose(got[..., IDS], full[..., IDS], rtol=1e-6, atol=1e-6)
+    assert np.isneginf(got[..., other]).all()
+    q = np.asarray(jax.nn.softmax(head.logits(target, pred), axis=-1))
+    assert (q[..., other] == 0).all() and np.allclose(q.sum(-1), 1, atol=1e-6)
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "branch:2,2,1"])
+def test_greedy_equality(models, tree):
+    """At temperature 0 the output is greedy target decoding, although the target's argmax
+    is often an id the head cannot draft."""
+    target, head = models
+    prompts = [[1, 2, 3, 4, 5], [9], [3, 3, 1]]
+    ref = jaxspec.generate_autoregressive(jax.random.key(1), target, prompts, max_new_tokens=20,
+                                          sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
+    out = jaxspec.generate(jax.random.key(1), target, head, prompts, max_new_tokens=20, tree=tree,
+                           sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert set(np.asarray(ref.tokens).ravel()) - set(IDS), "the greedy path must need an id outside the head's"
+
+
+def test_exact_law_by_enumeration(models):
+    """``verify(method="enumerate")``: the law of two rounds' tokens, enumerated, is the
+    target's, and the acceptance matches its exact expectation (q = 0 outside the ids)."""
+    target, head = models
+    r = jaxspec.verify(target=target, draft=head, prompt=[1, 2], tree="chain:2", horizon=2, num_samples=1 << 16,
+                       method="enumerate", progress=False)
+    assert r.passed, r.summary()
+
+
+def test_save_load_round_trip(models, tmp_path):
+    target, head = models
+    folder = save_head(head, tmp_path / "head", target=target)
+    back = load_head(folder)
+    assert back.draft_vocab_size == len(IDS)
+    np.testing.assert_array_equal(np.asarray(back.draft_vocab.get_value()), IDS)
+    h = jax.random.normal(jax.random.key(2), (1, 2, 16))
+    np.testing.assert_array_equal(np.asarray(back.logits(target, h)), np.asarray(head.logits(target, h)))
+
+
+def test_bad_ids_are_refused(models, tmp_path):
+    target, head = models
+    hc = head_config(target.config)
+    with pytest.raises(ValueError, match="outside 0..15 or repeated ids"):
+        init_head(hc, jax.random.key(0), draft_vocab=[1, 1, 2])
+    with pytest.raises(ValueError, match="outside 0..15 or repeated ids"):
+        init_head(hc, jax.random.key(0), draft_vocab=[1, 16])
+    with pytest.raises(ValueError, match=r"draft_vocab = float64\[2\]; expected a non-empty 1-D"):
+        init_head(hc, jax.random.key(0), draft_vocab=[1.0, 2.0])
+    from safetensors.numpy import load_file, save_file
+
+    folder = save_head(head, tmp_path / "head")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["draft_vocab"] = np.asarray([3, 3, 7, 12, 5, 9], np.int32)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="tensor 'draft_vocab' holds ids outside 0..15 or repeated ids"):
+        load_head(folder)
