@@ -220,13 +220,14 @@ def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "loss_fn", "cfg"), donate_argnums=(0, 1))
-def _train_step(params, opt_state, batch, consts, *, graphdef, loss_fn, cfg: TrainConfig):
+def _train_step(params, opt_state, batch, consts, fixed, *, graphdef, loss_fn, cfg: TrainConfig):
     """One optimizer step: ``-> (params, opt_state, loss, grad_norm)``; params and
-    optimizer state are donated. ``graphdef``, ``loss_fn`` and ``cfg`` are hashable statics,
-    so repeated runs of one configuration reuse the compiled step."""
+    optimizer state are donated; ``fixed`` is the model's state that is not ``nnx.Param``
+    (e.g. a head's draft vocabulary ids), never differentiated. ``graphdef``, ``loss_fn`` and
+    ``cfg`` are hashable statics, so repeated runs of one configuration reuse the compiled step."""
 
     def objective(p):
-        return loss_fn(nnx.merge(graphdef, p), batch, *consts)
+        return loss_fn(nnx.merge(graphdef, p, fixed), batch, *consts)
 
     loss, grads = jax.value_and_grad(objective)(params)
     updates, opt_state = _optimizer(cfg).update(grads, opt_state, params)
@@ -263,7 +264,7 @@ def fit(
     Returns ``(model, history, wall_time_s, total_train_time_s, step)``.
     """
     ckpt_dir = out_dir / CHECKPOINT_DIR
-    graphdef, params = nnx.split(model)
+    graphdef, params, fixed = nnx.split(model, nnx.Param, ...)  # only nnx.Param is trained
     tx = _optimizer(cfg)
     opt_state = tx.init(params)
     sampler = BatchSampler(corpus.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
@@ -342,7 +343,7 @@ def fit(
         for step in range(start + 1, last + 1):
             batch = jnp.asarray(sampler.next())
             params, opt_state, loss, gnorm = _train_step(
-                params, opt_state, batch, consts, graphdef=graphdef, loss_fn=loss_fn, cfg=cfg
+                params, opt_state, batch, consts, fixed, graphdef=graphdef, loss_fn=loss_fn, cfg=cfg
             )
             loss = float(loss)  # the one host read per step (EMA / progress bar); NaN is sticky in params
             if not math.isfinite(loss):
@@ -357,7 +358,7 @@ def fit(
                 t_last, n_last = now, 0
             bar.update(1)
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                metrics = evaluate(nnx.merge(graphdef, params))
+                metrics = evaluate(nnx.merge(graphdef, params, fixed))
                 elapsed = prior_time + time.perf_counter() - t_start
                 entry = {"step": step, "train_loss": ema, **metrics, "time_s": round(elapsed, 1)}
                 bar.write(f"{kind} step {step}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
@@ -373,7 +374,7 @@ def fit(
     finally:
         bar.close()
     wall = time.perf_counter() - t_start
-    return nnx.merge(graphdef, params), history, wall, prior_time + wall, step
+    return nnx.merge(graphdef, params, fixed), history, wall, prior_time + wall, step
 
 
 def _check_resumable(meta: dict, now: dict, where: Path) -> None:
