@@ -13,7 +13,7 @@ import os
 import numpy as np
 from scipy import stats as _scipy_stats
 
-__all__ = ["TestResult", "VerifyReport", "MAX_MIN_DETECTABLE_TV"]
+__all__ = ["TestResult", "VerifyReport", "MAX_MIN_DETECTABLE_TV", "verdict_lines", "save_figures"]
 
 #: A run whose joint test detects (power 0.9) only laws at least this far in total
 #: variation from the exact law is inconclusive: TV never exceeds 1, so such a run cannot
@@ -217,31 +217,15 @@ class VerifyReport:
         if c.get("scope"):
             lines.append(f"  note: {c['scope']}")
         lines.append(f"  tokens per round (speculative run): {self.tokens_per_round:.4f}")
-        for t in self.rejected:
-            if t.detail:
-                lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
-        lines.append("")
-        if self.verdict == "passed":
-            lines.append("PASSED: every test passed")
-        elif self.verdict == "rejected":
-            lines.append(f"REJECTED: {len(self.rejected)} of {len(self.tests)} tests rejected")
-        else:
-            more = (f"; at least {self.samples_needed:,} samples per run are needed"
-                    if self.samples_needed is not None and self.samples_needed > self.num_samples else "")
-            lines.append(f"INCONCLUSIVE: no test rejected, but the run has no statistical power at "
-                         f"{self.num_samples:,} samples per run{more}")
-            lines += [f"  {r}" for r in self.inconclusive_reasons]
+        more = (f"; at least {self.samples_needed:,} samples per run are needed"
+                if self.samples_needed is not None and self.samples_needed > self.num_samples else "")
+        lines += verdict_lines(self, f"the run has no statistical power at {self.num_samples:,} samples per run{more}")
         return "\n".join(lines)
 
     def save_plots(self, directory) -> list[str]:
         """Write :meth:`figures` as ``marginals.png``, ``joint.png`` and ``acceptance.png``
         into ``directory`` (created if needed); returns the paths."""
-        os.makedirs(directory, exist_ok=True)
-        paths = []
-        for name, fig in self.figures().items():
-            paths.append(os.path.join(directory, f"{name}.png"))
-            fig.savefig(paths[-1], dpi=110)
-        return paths
+        return save_figures(self.figures(), directory)
 
     def figures(self) -> dict:
         """matplotlib figures (``matplotlib.figure.Figure``, no pyplot state, any backend):
@@ -329,3 +313,33 @@ class VerifyReport:
         fig.tight_layout()
         figs["acceptance"] = fig
         return figs
+
+
+def verdict_lines(report, no_power: str, *, details: int | None = None) -> list[str]:
+    """The closing lines of a report's summary: the worst cells of its rejected tests that
+    carry them (the first ``details``; all when None), then the verdict, ``no_power`` saying
+    why an inconclusive run is, followed by its ``inconclusive_reasons``. ``report`` has
+    ``verdict``, ``tests``, ``rejected`` and ``inconclusive_reasons``."""
+    lines = []
+    for t in [t for t in report.rejected if t.detail][:details]:
+        lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
+    lines.append("")
+    if report.verdict == "passed":
+        lines.append("PASSED: every test passed")
+    elif report.verdict == "rejected":
+        lines.append(f"REJECTED: {len(report.rejected)} of {len(report.tests)} tests rejected")
+    else:
+        lines.append(f"INCONCLUSIVE: no test rejected, but {no_power}")
+        lines += [f"  {r}" for r in report.inconclusive_reasons]
+    return lines
+
+
+def save_figures(figures: dict, directory) -> list[str]:
+    """Write each figure of ``figures`` (name -> matplotlib Figure) as ``directory/name.png``
+    (the folder created if needed); returns the paths."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        paths.append(os.path.join(directory, f"{name}.png"))
+        fig.savefig(paths[-1], dpi=110)
+    return paths

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 from scipy import stats as scipy_stats
 
-from jaxspec.exactness.report import TestResult
+from jaxspec.exactness.report import TestResult, save_figures, verdict_lines
 
 __all__ = ["SampledReport"]
 
@@ -139,28 +138,14 @@ class SampledReport:
         ]
         if c.get("scope"):
             lines.append(f"  note: {c['scope']}")
-        for t in [t for t in self.rejected if t.detail][:2]:  # the worst cells of the first two rejected with cells
-            if t.detail:
-                lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
-        lines.append("")
-        if self.verdict == "passed":
-            lines.append("PASSED: every test passed")
-        elif self.verdict == "rejected":
-            lines.append(f"REJECTED: {len(self.rejected)} of {len(self.tests)} tests rejected")
-        else:
-            lines.append(f"INCONCLUSIVE: no test rejected, but a test has no power at {self.num_samples:,} samples")
-            lines += [f"  {r}" for r in self.inconclusive_reasons]
+        # the worst cells of the first two rejected tests that have cells
+        lines += verdict_lines(self, f"a test has no power at {self.num_samples:,} samples", details=2)
         return "\n".join(lines)
 
     def save_plots(self, directory) -> list[str]:
         """Write :meth:`figures` as ``pit.png``, ``hashed.png`` and ``acceptance.png`` into
         ``directory`` (created if needed); returns the paths."""
-        os.makedirs(directory, exist_ok=True)
-        paths = []
-        for name, fig in self.figures().items():
-            paths.append(os.path.join(directory, f"{name}.png"))
-            fig.savefig(paths[-1], dpi=110)
-        return paths
+        return save_figures(self.figures(), directory)
 
     def figures(self) -> dict:
         """matplotlib figures (no pyplot state):
