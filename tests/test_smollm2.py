@@ -170,3 +170,26 @@ def test_cli_refuses(capsys, argv, needle):
     except SystemExit as e:  # argparse's own refusals
         code, err = e.code, capsys.readouterr().err
     assert code == 2 and needle in err, err
+
+
+def test_training_data_is_the_targets_own_answers(ours, tmp_path):
+    """The SmolLM2 head's data (jaxspec.training.responses, smollm2_head.sequences): the
+    answers at T = 0 are jaxspec's own greedy decoding of the chat-templated instruction, a
+    second call adds nothing (it resumes), and the training sequences are each chat's
+    prompt + answer, then windows of the standard-library corpus."""
+    from jaxspec.nn.hf_tokenizer import load_tokenizer
+    from jaxspec.training.responses import read_responses, write_responses
+    from jaxspec.training.smollm2_head import sequences
+
+    out = tmp_path / "responses.jsonl"
+    recs = write_responses("smollm2-135m", out, max_new_tokens=8, limit=2, progress=False)
+    assert len(recs) == 4 and {(r["index"], r["temperature"]) for r in recs} == {(0, 0.0), (1, 0.0), (0, 1.0), (1, 1.0)}
+    assert write_responses("smollm2-135m", out, max_new_tokens=8, limit=2, progress=False) == recs
+    for r in (r for r in recs if r["temperature"] == 0.0):
+        mine = generate_autoregressive(jax.random.key(0), ours, [r["prompt_ids"]], max_new_tokens=len(r["response_ids"]),
+                                       sampling=Sampling(temperature=0.0), stop_tokens=())
+        _first_difference_is_a_near_tie(ours, r["prompt_ids"], _tokens(mine), r["response_ids"], "responses")
+    tok = load_tokenizer("smollm2-135m")
+    seqs = sequences(recs, tok, corpus_chunks=3)
+    assert seqs[:4] == [r["prompt_ids"] + r["response_ids"] for r in recs] and len(seqs) == 7
+    assert read_responses(tmp_path / "absent.jsonl") == []

@@ -45,10 +45,11 @@ def read_responses(path: str | os.PathLike) -> list[dict]:
 
 
 def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int = 160, batch_size: int = 8,
-                    seed: int = 0, progress: bool = True) -> list[dict]:
-    """Answer every instruction of :func:`~jaxspec.training.instructions.instructions` at each
-    temperature of :data:`TEMPERATURES` with the packaged GGUF target ``target``, appending to
-    ``out`` the answers it does not hold yet; returns all records."""
+                    seed: int = 0, limit: int | None = None, progress: bool = True) -> list[dict]:
+    """Answer every instruction of :func:`~jaxspec.training.instructions.instructions` (the
+    first ``limit`` when given) at each temperature of :data:`TEMPERATURES` with the packaged
+    GGUF target ``target``, appending to ``out`` the answers it does not hold yet; returns all
+    records."""
     import torch  # noqa: PLC0415 (the hf extra)
     import transformers  # noqa: PLC0415
 
@@ -65,7 +66,7 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["index"], r["temperature"]) for r in read_responses(out)}
-    items = instructions()
+    items = instructions()[:limit]
     todo = [(i, t) for t in TEMPERATURES for i in range(len(items)) if (i, t) not in done]
     prompts = {i: tok.encode_chat(items[i][1]) for i, _ in todo}
     todo.sort(key=lambda it: (it[1], len(prompts[it[0]])))  # similar lengths share a batch: less padding
