@@ -85,6 +85,21 @@ def test_save_load_round_trip(models, tmp_path):
     np.testing.assert_array_equal(np.asarray(back.logits(target, h)), np.asarray(head.logits(target, h)))
 
 
+def test_a_head_stored_in_float16_loads_as_float32(models, tmp_path):
+    """``save_head(storage_dtype="float16")``: half the bytes on disk, cast back on loading,
+    the ids exact."""
+    target, head = models
+    small = save_head(head, tmp_path / "f16", storage_dtype="float16")
+    big = save_head(head, tmp_path / "f32")
+    assert (small / "model.safetensors").stat().st_size < 0.6 * (big / "model.safetensors").stat().st_size
+    back = load_head(small)
+    np.testing.assert_array_equal(np.asarray(back.draft_vocab.get_value()), IDS)
+    w, w16 = np.asarray(head.fc.kernel[...]), np.asarray(back.fc.kernel[...])
+    assert w16.dtype == np.float32 and np.array_equal(w16, w.astype(np.float16).astype(np.float32))
+    with pytest.raises(ValueError, match="storage_dtype = 'int8'; expected None or 'float16'"):
+        save_head(head, tmp_path / "x", storage_dtype="int8")
+
+
 def test_bad_ids_are_refused(models, tmp_path):
     target, head = models
     hc = head_config(target.config)

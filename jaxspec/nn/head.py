@@ -64,6 +64,8 @@ __all__ = [
 HEAD_KEY = "jaxspec_head"
 #: the ``config.json`` key of a reduced-vocabulary head's K (absent: the whole vocabulary)
 DRAFT_VOCAB_KEY = "draft_vocab_size"
+#: the ``config.json`` key of the dtype floating-point tensors are stored in, when not the head's own
+STORAGE_KEY = "storage_dtype"
 _F32 = jnp.float32
 
 
@@ -262,12 +264,18 @@ def recorded_target_digest(path: str | os.PathLike) -> str | None:
 
 
 def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transformer | None = None,
-              extra: dict | None = None) -> Path:
+              extra: dict | None = None, storage_dtype: str | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` to ``out_dir`` (created); the
-    target's digest is recorded when ``target`` is given. Returns the folder."""
+    target's digest is recorded when ``target`` is given. ``storage_dtype`` (``"float16"``)
+    stores the floating-point tensors at that precision, half the size on disk, and
+    :func:`load_head` casts them back to the head's parameter dtype. Returns the folder."""
+    if storage_dtype not in (None, "float16"):
+        raise ValueError(f"save_head: storage_dtype = {storage_dtype!r}; expected None or 'float16'")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {HEAD_KEY: head.config.to_dict(), **(extra or {})}
+    if storage_dtype is not None:
+        meta[STORAGE_KEY] = storage_dtype
     if head.draft_vocab is not None:
         meta[DRAFT_VOCAB_KEY] = head.draft_vocab_size
     if target is not None:
@@ -275,6 +283,8 @@ def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transfor
     flat = dict(nnx.to_flat_state(nnx.state(head)))
     tensors = {name: np.ascontiguousarray(np.asarray(flat[path].get_value()))
                for name, path in _tensor_names(nnx.state(head)).items()}
+    if storage_dtype is not None:
+        tensors = {k: v.astype(storage_dtype) if np.issubdtype(v.dtype, np.floating) else v for k, v in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "jaxspec-head"})
     (out / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
@@ -306,8 +316,11 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
         missing = sorted(set(names) - stored)
         if missing:
             raise ValueError(f"load_head: {weights} lacks tensor {missing[0]!r} ({len(missing)} missing)")
+        stored_as = meta.get(STORAGE_KEY)
         for name, path in names.items():
             a, want = f.get_tensor(name), shapes[path]
+            if stored_as is not None and a.dtype == np.dtype(stored_as) and np.issubdtype(np.dtype(want.dtype), np.floating):
+                a = a.astype(want.dtype)  # saved at a lower precision (save_head's storage_dtype)
             if a.shape != tuple(want.shape) or a.dtype != want.dtype:
                 raise ValueError(f"load_head: {weights}: tensor {name!r} is {a.dtype}{list(a.shape)}; "
                                  f"expected {want.dtype}{list(want.shape)}")
