@@ -71,13 +71,6 @@ def test_frequent_ids_and_coverage(target, cache):
         frequent_ids(cache, 0)
 
 
-def test_the_smallest_vocabulary_near_full_coverage_is_chosen():
-    from jaxspec.training.smollm2_head import COVERAGE_SLACK, choose_vocab
-
-    assert choose_vocab({1024: 0.80, 4096: 1 - COVERAGE_SLACK / 2, 8192: 0.99}) == 4096
-    assert choose_vocab({1024: 0.50, 2048: 0.60}) == 2048  # none near: the largest
-
-
 def test_training_raises_acceptance_resumes_and_exports_a_reduced_head(target, cache, tmp_path):
     cfg = TrainConfig(steps=60, batch_size=4, seq_len=16, lr=1e-2, warmup_steps=5, eval_every=30,
                       checkpoint_every=30, eval_windows=4)
