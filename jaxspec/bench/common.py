@@ -230,6 +230,12 @@ def joined_results(outs: Sequence):
     return outs[0] if len(outs) == 1 else jax.tree.map(lambda *xs: jax.numpy.concatenate(xs), *outs)
 
 
+def same_tokens(outs: Mapping, name: str, reference: str = "target-only") -> bool:
+    """Whether mode ``name``'s last output holds exactly the tokens of ``reference``'s (at
+    temperature 0 a lossless mode's must)."""
+    return bool((np.asarray(outs[name].tokens) == np.asarray(outs[reference].tokens)).all())
+
+
 def medians(turns: Mapping[str, list[float]]) -> dict[str, float]:
     """``{name: median}`` of per-turn timings (:func:`time_calls_turns`, :func:`interleaved_turns`)."""
     return {k: statistics.median(v) for k, v in turns.items()}

@@ -235,8 +235,7 @@ def _measure(cfg, target, draft, head, batch, sets, temp) -> list[dict]:
             row["accepted_per_round"] = [float(a) / rounds
                                          for a in np.asarray(outs[name].accepted_per_depth).sum(axis=0)]
         if temp == 0.0:
-            row["same_tokens_as_target_only"] = bool(
-                (np.asarray(outs[name].tokens) == np.asarray(outs["target-only"].tokens)).all())
+            row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         rows.append(row)
         common.log(f"head: batch {batch} T={temp:g} {name:22s} tau {row['tau']:.2f} {tps:8.1f} tok/s vs "
                    f"{ar_tps:8.1f}  {row['speedup']:.2f}x")

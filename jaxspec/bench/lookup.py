@@ -171,8 +171,7 @@ def _measure(cfg, target, draft, workload, p_idx, ids, temp, m) -> list[dict]:
                "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
                "seconds_per_call": sec[name]}
         if temp == 0.0:
-            row["same_tokens_as_target_only"] = bool(
-                (np.asarray(outs[name].tokens) == np.asarray(outs["target-only"].tokens)).all())
+            row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         rows.append(row)
         common.log(f"lookup: {workload:8s} T={temp:g} prompt {p_idx} {name:20s} tau {row['tau']:.2f} "
                    f"{tps:7.1f} tok/s vs {ar_tps:7.1f}  {row['speedup']:.2f}x")

@@ -128,8 +128,7 @@ def _measure(cfg: QueueBenchConfig, target, drafters: dict, ps: list[list[int]],
                "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
                "seconds_per_call": sec[name]}
         if temp == 0.0:
-            row["same_tokens_as_target_only"] = bool(
-                (np.asarray(outs[name].tokens) == np.asarray(outs["target-only"].tokens)).all())
+            row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         out.append(row)
         common.log(f"queue: T={temp:g} {name:16s} tau {row['tau']:.2f} {tps:8.1f} tok/s vs {ar_tps:8.1f}  "
                    f"{row['speedup']:.2f}x")

@@ -129,8 +129,7 @@ def _measure(cfg, target, eos, drafters, cat, prompts, temp, batch) -> list[dict
                "target_calls": totals[name][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
                "speedup": tps / ar_tps, "seconds": sec[name]}
         if temp == 0.0 and name != "target-only":
-            row["same_tokens_as_target_only"] = bool(
-                (np.asarray(outs[name].tokens) == np.asarray(outs["target-only"].tokens)).all())
+            row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         out.append(row)
         common.log(f"real: {cat:11s} T={temp:g} batch {batch} {name:22s} tau {row['tau']:.2f} {tps:6.1f} tok/s "
                    f"vs {ar_tps:6.1f}  {row['speedup']:.2f}x")
