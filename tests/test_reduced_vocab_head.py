@@ -117,3 +117,17 @@ def test_bad_ids_are_refused(models, tmp_path):
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(ValueError, match="tensor 'draft_vocab' holds ids outside 0..15 or repeated ids"):
         load_head(folder)
+
+
+def test_the_shipped_smollm2_head_loads_by_name():
+    """``smollm2-135m-head`` ships in the package (float16 on disk, about 8 MB) and loads by
+    name as a FeatureHead for SmolLM2-135M's width and vocabulary, drafting 8,192 ids."""
+    from jaxspec.nn.checkpoint import MODELS_DIR, embedded_models, load_draft
+    from jaxspec.nn.head import FeatureHead, recorded_target_digest
+
+    assert "smollm2-135m-head" in embedded_models()
+    assert (MODELS_DIR / "smollm2-135m-head" / "model.safetensors").stat().st_size < 10e6
+    head = load_draft("smollm2-135m-head")
+    assert isinstance(head, FeatureHead) and head.draft_vocab_size == 8192
+    assert (head.config.hidden_size, head.config.vocab_size) == (576, 49152)
+    assert head.fc.kernel[...].dtype == jnp.float32 and recorded_target_digest(MODELS_DIR / "smollm2-135m-head")

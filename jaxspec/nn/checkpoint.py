@@ -101,8 +101,9 @@ _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_
 def embedded_models() -> list[str]:
     """Names of the models shipped inside the package (sorted): the default target, its
     draft model and its feature draft head (``default-head``: :func:`load_draft` or
-    :func:`~jaxspec.nn.head.load_head`)."""
-    return ["default-draft", "default-head", "default-target"]
+    :func:`~jaxspec.nn.head.load_head`), and a feature head for SmolLM2-135M-Instruct
+    (``smollm2-135m-head``, drafting 8,192 ids; docs/TRAINING.md)."""
+    return ["default-draft", "default-head", "default-target", "smollm2-135m-head"]
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
