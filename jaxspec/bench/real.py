@@ -196,7 +196,7 @@ def plot(report: dict, path) -> None:
     plt = common.pyplot()
     panels = list(dict.fromkeys((s["temperature"], s["batch"]) for s in report["summary"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
-    modes = [m for m in report["modes"]]
+    modes = report["modes"]
     width = 0.8 / max(len(modes), 1)
     for ax, (t, b) in zip(axes[0], panels):
         for j, mode in enumerate(modes):

@@ -202,9 +202,7 @@ def init_head(config: ModelConfig, key: jax.Array, *, draft_vocab=None) -> Featu
     if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"init_head: draft_vocab = {ids.dtype}{list(ids.shape)}; expected a non-empty 1-D "
                          "sequence of integer token ids")
-    if ids.min() < 0 or ids.max() >= config.vocab_size or np.unique(ids).size != ids.size:
-        raise ValueError(f"init_head: draft_vocab has ids outside 0..{config.vocab_size - 1} or repeated ids; "
-                         "expected distinct ids of the target's vocabulary")
+    _check_draft_ids(ids, config.vocab_size, "init_head: draft_vocab has")
     head = FeatureHead(config, rngs=nnx.Rngs(params=key), draft_vocab_size=int(ids.size))
     head.draft_vocab.set_value(jnp.asarray(ids, jnp.int32))
     return head
@@ -333,8 +331,13 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
     nnx.replace_by_pure_dict(state, pure)
     head = nnx.merge(graphdef, state)
     if head.draft_vocab is not None:
-        ids = np.asarray(head.draft_vocab.get_value())
-        if ids.min() < 0 or ids.max() >= config.vocab_size or np.unique(ids).size != ids.size:
-            raise ValueError(f"load_head: {weights}: tensor 'draft_vocab' holds ids outside 0..{config.vocab_size - 1} "
-                             "or repeated ids; expected distinct ids of the target's vocabulary")
+        _check_draft_ids(np.asarray(head.draft_vocab.get_value()), config.vocab_size,
+                         f"load_head: {weights}: tensor 'draft_vocab' holds")
     return head
+
+
+def _check_draft_ids(ids: np.ndarray, vocab_size: int, where: str) -> None:
+    """``ValueError`` starting with ``where`` unless ``ids`` are distinct ids of the vocabulary."""
+    if ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size:
+        raise ValueError(f"{where} ids outside 0..{vocab_size - 1} or repeated ids; expected distinct ids of the "
+                         "target's vocabulary")

@@ -89,7 +89,7 @@ from jaxspec.training.train import (
 )
 
 __all__ = ["DEFAULT_FEATURE_WEIGHT", "DEFAULT_NOISE", "HeadLoss", "HeadResult", "MAX_UNROLL", "evaluate_head", "head_params",
-           "train_head"]
+           "train_head", "smooth_l1", "depth_weights"]
 
 KIND = "train-head"
 MAX_UNROLL = 8
@@ -113,7 +113,7 @@ def head_params(head: FeatureHead) -> int:
 
 
 # ----------------------------------------------------------------------------- losses
-def _smooth_l1(pred: jax.Array, feats: jax.Array) -> jax.Array:
+def smooth_l1(pred: jax.Array, feats: jax.Array) -> jax.Array:
     """Smooth L1 (beta = 1; Huber with delta 1) averaged over the feature axis: [B, T, D] -> [B, T]."""
     return jnp.mean(optax.huber_loss(pred.astype(jnp.float32), feats.astype(jnp.float32), delta=1.0), axis=-1)
 
@@ -126,7 +126,7 @@ def _noise_key(seed: int, batch: jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), mix)
 
 
-def _depth_weights(steps: int, t: int) -> jax.Array:
+def depth_weights(steps: int, t: int) -> jax.Array:
     """``float32[steps, T]``: 1 where depth ``s`` (row ``s - 1``) can reach position p (``p >=
     s - 1``; :meth:`~jaxspec.nn.head.FeatureHead.unrolled`), else 0."""
     return (jnp.arange(t)[None, :] >= jnp.arange(steps)[:, None]).astype(jnp.float32)
@@ -137,7 +137,7 @@ def _depth_terms(target: Transformer, feats, tl, preds) -> tuple[jax.Array, jax.
     ``feats [B, T, D]`` and logits ``tl [B, T, V]``: smooth L1 and KL(target || head), each
     ``[S, B, T]``, and the head's logits per depth (S x ``[B, T, V]``)."""
     hl = [target.unembed(pr) for pr in preds]
-    return (jnp.stack([_smooth_l1(pr, feats) for pr in preds]), jnp.stack([kl_per_position(tl, h) for h in hl]), hl)
+    return (jnp.stack([smooth_l1(pr, feats) for pr in preds]), jnp.stack([kl_per_position(tl, h) for h in hl]), hl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +163,7 @@ class HeadLoss:
         preds = head.unrolled(target, x, inputs, self.unroll)  # [S, B, T, D]
         sl1, kl, _ = _depth_terms(target, feats, tl, preds)  # [S, B, T]
         per = kl + self.feature_weight * sl1 if self.feature_weight > 0 else kl
-        w = _depth_weights(self.unroll, x.shape[1])[:, None, :]  # [S, 1, T]
+        w = depth_weights(self.unroll, x.shape[1])[:, None, :]  # [S, 1, T]
         per_depth = jnp.sum(per * w, axis=(1, 2)) / (jnp.sum(w, axis=(1, 2)) * x.shape[0])  # [S]
         return jnp.mean(per_depth)
 
@@ -178,7 +178,7 @@ def _eval_head(head: FeatureHead, target: Transformer, batch: jax.Array, depths:
     sl1, kl, hl = _depth_terms(target, feats, tl, preds)
     overlap = jnp.stack([overlap_per_position(tl, h) for h in hl])
     nll = jnp.stack([optax.softmax_cross_entropy_with_integer_labels(h, batch[:, 1:]) for h in hl])
-    w = _depth_weights(depths, x.shape[1])[:, None, :]
+    w = depth_weights(depths, x.shape[1])[:, None, :]
     return tuple(jnp.sum(a * w, axis=(1, 2)) for a in (sl1, kl, overlap, nll))
 
 

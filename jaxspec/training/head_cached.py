@@ -34,14 +34,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import FeatureHead, head_config as default_head_config, init_head, save_head, target_digest
 from jaxspec.nn.model import Transformer
 from jaxspec.training.feature_cache import FeatureCache
-from jaxspec.training.head import DEFAULT_FEATURE_WEIGHT, DEFAULT_NOISE, HeadResult, head_params
+from jaxspec.training.head import (
+    DEFAULT_FEATURE_WEIGHT,
+    DEFAULT_NOISE,
+    HeadResult,
+    depth_weights,
+    head_params,
+    smooth_l1,
+)
 from jaxspec.training.train import FINAL_DIR, TrainConfig, fit, write_summary
 
 __all__ = ["VAL_EVERY", "frequent_ids", "coverage", "train_head_cached", "evaluate_cached"]
@@ -107,9 +113,8 @@ def _depth_terms(head: FeatureHead, target: Transformer, idx, data, depths: int,
         logq = jax.nn.log_softmax(rows(preds[s]), axis=-1)
         law.append(jnp.sum(p * (logp - logq), axis=-1))
         overlap.append(jnp.sum(jnp.minimum(p, jnp.exp(logq)), axis=-1))
-        sl1.append(jnp.mean(optax.huber_loss(preds[s], f, delta=1.0), axis=-1))
-    reach = (jnp.arange(idx.shape[1])[None, :] >= jnp.arange(depths)[:, None]).astype(jnp.float32)  # [S, T]
-    mask = reach[:, None, :] * valid[None]  # [S, B, T]
+        sl1.append(smooth_l1(preds[s], f))
+    mask = depth_weights(depths, idx.shape[1])[:, None, :] * valid[None]  # [S, B, T]
     return jnp.stack(law), jnp.stack(sl1), jnp.stack(overlap), jnp.sum(p, axis=-1), mask
 
 

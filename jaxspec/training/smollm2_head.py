@@ -93,11 +93,10 @@ def main(argv=None) -> int:
         return 2
     seqs = sequences(responses, jaxspec.load_tokenizer(TARGET))
     cache = build_feature_cache(target, seqs, out / "features", progress=progress)
-    vocab_file = out / "vocab.json"
-    if "vocab" in stages or ("train" in stages and not vocab_file.exists()):
+    if "vocab" in stages:  # a measurement: training reads --vocab, not this file
         ids = {k: frequent_ids(cache, k, vocab_size=target.config.vocab_size) for k in VOCAB_SIZES}
         cov = coverage(target, cache, ids)
-        vocab_file.write_text(json.dumps({"coverage": {str(k): v for k, v in cov.items()}}, indent=2) + "\n")
+        (out / "vocab.json").write_text(json.dumps({"coverage": {str(k): v for k, v in cov.items()}}, indent=2) + "\n")
         print("coverage of the K most frequent ids: " + ", ".join(f"{k}: {v:.3f}" for k, v in cov.items()))
     if "train" in stages:
         k = args.vocab
