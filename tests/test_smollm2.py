@@ -143,26 +143,29 @@ def _cli(capsys, *argv):
 
 
 def test_cli_chat_applies_the_template_stops_at_end_of_turn_and_compares(capsys, hf):
-    """One run of both modes (each compile of the 30-layer model costs about a minute on CI)."""
+    """One run of both modes (each compile of the 30-layer model costs about a minute on CI),
+    without --draft and --tree: the target's own drafter, the shipped head, on its chain:3."""
     import json
 
     code, out, err = _cli(capsys, "--chat", "What is the capital of France? Answer in one word.",
-                          "--draft", "ngram", "--temperature", "0", "--max-new-tokens", "32", "--compare",
-                          "--turns", "1", "--json")
+                          "--temperature", "0", "--max-new-tokens", "32", "--compare", "--turns", "1", "--json")
     assert code == 0, err
     r = json.loads(out)
     tok, _ = hf
     want = tok.apply_chat_template([{"role": "user", "content": r["chat"]}], add_generation_prompt=True,
                                    tokenize=False)
     assert r["prompt"] is None and r["prompt_text"] == want
-    assert r["draft"].startswith("ngram") and r["mode"] == "speculative" and r["stop_tokens"] == [2]
+    assert (r["draft"], r["tree"]) == ("smollm2-135m-head", "chain:3"), r
+    assert r["mode"] == "speculative" and r["stop_tokens"] == [2]
     assert r["tokens"][-1] == 2 and r["num_tokens"] < 32, r  # stopped at <|im_end|>
     assert "Paris" in r["text"], r["text"]
     assert r["compare"]["same_tokens"] is True, r["compare"]  # greedy: speculative == target-only
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--chat", "hi"], "--target smollm2-135m: expected a --draft for it"),
+    # the default tree follows the drafter: the head's chain:3, generate's chain:4 for another
+    (["--chat", "hi", "--retune"], "--retune: applies only to --tree auto, got --tree chain:3"),
+    (["--chat", "hi", "--retune", "--draft", "ngram"], "--retune: applies only to --tree auto, got --tree chain:4"),
     (["--chat", "  ", "--baseline"], "--chat: expected a non-empty message"),
     (["--prompt", "x", "--chat", "y", "--baseline"], "argument --chat: not allowed with argument --prompt"),
 ])

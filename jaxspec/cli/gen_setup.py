@@ -10,7 +10,7 @@ import sys
 from jaxspec.cli.common import CLIError
 
 __all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "auto_budgets", "prompt_ids", "lookup_draft", "modelless_drafter", "draft_name",
-           "check_room", "check_same_tokenizer", "auto_tree_for"]
+           "default_draft_and_tree", "check_room", "check_same_tokenizer", "auto_tree_for"]
 
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
 
@@ -91,6 +91,21 @@ def draft_name(args) -> str:
         f"'ngram' for prompt lookup, which needs no model), or --baseline for target-only sampling; "
         f"{DEFAULT_DRAFT} drafts only for {DEFAULT_TARGET}"
     )
+
+
+def default_draft_and_tree(args, default_tree: str) -> None:
+    """Fill in ``--draft`` and ``--tree`` when they are not given: a packaged target with a
+    drafter of its own (:class:`jaxspec.nn.packaged.PackagedModel` ``draft``, e.g.
+    ``smollm2-135m`` -> ``smollm2-135m-head``) gets that drafter and the tree chosen for it;
+    otherwise ``--tree`` is ``default_tree`` and ``--draft`` is left to :func:`draft_name`."""
+    from jaxspec.nn.packaged import PACKAGED_MODELS, is_packaged_name
+
+    entry = PACKAGED_MODELS[args.target] if is_packaged_name(args.target) else None
+    own = entry is not None and entry.draft is not None and not args.baseline
+    if own and args.draft is None:
+        args.draft = entry.draft
+    if args.tree is None:
+        args.tree = entry.tree if own and args.draft == entry.draft and entry.tree else default_tree
 
 
 def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:

@@ -115,9 +115,10 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                    help="target min-p in [0, 1]: keep the tokens at least this fraction as likely as the most "
                         "likely one")
     p.add_argument(
-        "--tree", default=DEFAULT_TREE,
+        "--tree", default=None,
         help="tree spec: 'chain:K', 'branch:3,2,1', 'parents:-1,0,0', "
-        f"'dynamic:depth=4,topk=4,nodes=16', or 'auto' (measured for this device) (default {DEFAULT_TREE})",
+        f"'dynamic:depth=4,topk=4,nodes=16', or 'auto' (measured for this device) (default {DEFAULT_TREE}; "
+        "with a packaged target's own drafter, the tree chosen for it, e.g. chain:3 for smollm2-135m)",
     )
     p.add_argument(
         "--auto-budgets", default=None, metavar="N,N,...",
@@ -143,8 +144,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
                    help=f"parameter dtype of the models (default {GGUF_DEFAULT_DTYPE} for GGUF targets, measured "
                         "faster on CPU: benchmarks/README.md; float32 otherwise)")
     p.add_argument("--draft", default=None,
-                   help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target; "
-                        "required with another --target, unless --baseline), 'ngram' for prompt lookup "
+                   help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target, "
+                        "smollm2-135m-head with --target smollm2-135m; required with another --target, unless "
+                        "--baseline), 'ngram' for prompt lookup "
                         "drafts copied from the prompt and the output ('ngram:4', 'ngram:max=4,min=2'; "
                         "docs/PROMPT_LOOKUP.md), or 'layers:K' for self-speculation: the target's first K "
                         "layers draft (docs/DRAFTERS.md)")
@@ -226,6 +228,7 @@ def _plan(args, mesh) -> _Plan:
     if args.max_new_tokens < 1:
         raise CLIError(f"--max-new-tokens = {args.max_new_tokens}: expected an integer >= 1")
     sampling = flag_sampling(args.temperature, args.top_k, args.top_p, args.min_p)
+    setup.default_draft_and_tree(args, DEFAULT_TREE)
     auto_spec = args.tree.strip().lower() == "auto"
     auto = auto_spec and not args.baseline  # --baseline uses no tree
     if args.compare and args.baseline:

