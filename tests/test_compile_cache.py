@@ -144,3 +144,16 @@ def test_default_folder_is_under_the_jaxspec_cache(monkeypatch, tmp_path):
     assert compilation_cache_dir() == tmp_path / "compilation"
     monkeypatch.setenv("JAXSPEC_COMPILATION_CACHE", "OFF")
     assert compilation_cache_dir() is None
+
+
+def test_the_suites_shared_cache_is_locked():
+    """tests/conftest.py shares one persistent compilation cache between the xdist workers and
+    their subprocesses; a size limit is what makes JAX lock it (filelock) around each read and
+    write, so that no process reads a program another is still writing."""
+    import jax
+
+    if "JAXSPEC_TEST_XLA_CACHE_OWNER" not in os.environ:
+        pytest.skip("the caller chose JAX_COMPILATION_CACHE_DIR")
+    import filelock  # noqa: F401  (JAX needs it once the limit is set)
+
+    assert jax.config.jax_compilation_cache_max_size > 0

@@ -12,7 +12,7 @@ import pytest
 from _tiny import tiny_pair
 
 import jaxspec
-from jaxspec.nn.head import head_config, init_head, load_head, save_head
+from jaxspec.nn.head import head_config, init_head, load_head, save_head, whole_vocab
 from jaxspec.nn.model import forward_features, init_model
 
 V = 16
@@ -50,6 +50,26 @@ def test_the_head_drafts_its_ids_only(models):
     assert np.isneginf(got[..., other]).all()
     q = np.asarray(jax.nn.softmax(head.logits(target, pred), axis=-1))
     assert (q[..., other] == 0).all() and np.allclose(q.sum(-1), 1, atol=1e-6)
+
+
+def test_whole_vocab_copy_drafts_every_id_with_the_same_weights(models):
+    """``whole_vocab``: the full LM head's logits (every id finite) from the same prediction,
+    equal to the reduced head's at its ids; the reduced head is left as it is."""
+    target, head = models
+    full = whole_vocab(head)
+    assert full.draft_vocab_size is None and head.draft_vocab_size == len(IDS)
+    toks = jnp.asarray([[1, 4, 2, 8]], jnp.int32)
+    feats = forward_features(target, toks)
+    pred = head.teacher_forced(target, toks, feats)
+    np.testing.assert_array_equal(np.asarray(full.teacher_forced(target, toks, feats)), np.asarray(pred))
+    got = np.asarray(full.logits(target, pred))
+    np.testing.assert_allclose(got, np.asarray(target.unembed(pred)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[..., IDS], np.asarray(head.logits(target, pred))[..., IDS], rtol=1e-6, atol=1e-6)
+    out = jaxspec.generate(jax.random.key(0), target, full, [[1, 2, 3]], max_new_tokens=6, tree="chain:3",
+                           sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
+    ref = jaxspec.generate_autoregressive(jax.random.key(0), target, [[1, 2, 3]], max_new_tokens=6,
+                                          sampling=jaxspec.Sampling(temperature=0.0), stop_tokens=())
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
 @pytest.mark.parametrize("tree", ["chain:4", "branch:2,2,1"])

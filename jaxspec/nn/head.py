@@ -52,6 +52,7 @@ __all__ = [
     "FeatureHead",
     "head_config",
     "init_head",
+    "whole_vocab",
     "check_head_for", "check_head_config_for",
     "target_digest",
     "is_head_folder",
@@ -206,6 +207,16 @@ def init_head(config: ModelConfig, key: jax.Array, *, draft_vocab=None) -> Featu
     head = FeatureHead(config, rngs=nnx.Rngs(params=key), draft_vocab_size=int(ids.size))
     head.draft_vocab.set_value(jnp.asarray(ids, jnp.int32))
     return head
+
+
+def whole_vocab(head: FeatureHead) -> FeatureHead:
+    """A copy of ``head`` that drafts from the whole vocabulary: the same trained weights, its
+    logits the target's full LM head (no :class:`DraftVocab`). It shows what a reduced draft
+    vocabulary gains or loses: the same predictions, at the full LM head's cost per draft
+    token. ``head`` itself is left as it is; a head without reduction is copied as it is."""
+    out = nnx.clone(head)
+    out.draft_vocab = None
+    return out
 
 
 def check_head_for(name: str, head, target: Transformer) -> FeatureHead:
