@@ -15,6 +15,8 @@ The engines, each against its own target-only decoding:
   kernels: target-only, and its prompt-lookup drafter (``LlamaPromptLookupDecoding``).
   ``llama-cpp-python`` is built from source by pip (several minutes); when it is not
   installed the script installs it, unless ``--no-install`` (its rows are then left out).
+  Its weight repacking is turned off: with it, the build crashed on this machine's first
+  multi-token batch.
 
 Every prompt is the first of each category of the task mix (:mod:`jaxspec.bench.tasks`),
 rendered by the file's chat template to the same token ids for every engine, and decoded
@@ -144,8 +146,24 @@ def _llama_modes(llama_cpp, n: int, lookup: int):
 
     path = str(packaged_file(TARGET))
     kw = dict(n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False, seed=0)
-    plain = llama_cpp.Llama(path, **kw)
-    lookup_llm = llama_cpp.Llama(path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup), **kw)
+    # Weight repacking (llama.cpp's "extra buffer types") off: with it, the source build crashed
+    # (a segmentation fault in llama_decode) on the first batch of more than one token on this
+    # machine's CPU. llama-cpp-python takes the model parameters from llama_model_default_params
+    # and exposes no flag for it, so the defaults are wrapped while the two models load.
+    module = llama_cpp.llama_cpp
+    defaults = module.llama_model_default_params
+
+    def without_repack():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = without_repack
+    try:
+        plain = llama_cpp.Llama(path, **kw)
+        lookup_llm = llama_cpp.Llama(path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup), **kw)
+    finally:
+        module.llama_model_default_params = defaults
 
     def gen(llm):
         def f(ids):
@@ -223,7 +241,7 @@ def main(argv=None) -> int:
                 "llama_cpp_python": getattr(llama_cpp, "__version__", None)}
     report = {"benchmark": "peers_smollm2", "size": size, "machine": machine_info(), "versions": versions,
               "config": {"max_new_tokens": n, "turns": turns, "temperature": 0.0, "batch": 1,
-                         "lookup_tokens": args.lookup_tokens},
+                         "lookup_tokens": args.lookup_tokens, "llama_cpp_weight_repacking": False},
               "prompts": {c: len(p) for c, p in zip(CATEGORIES, prompts, strict=True)},
               "rows": rows, "same_tokens_as_target_only": same}
     out = pathlib.Path(args.out) / ("" if size == "full" else size)
