@@ -38,6 +38,10 @@ __all__ = [
     "time_calls_turns",
     "interleaved",
     "interleaved_turns",
+    "tallied_turns",
+    "joined_results",
+    "same_tokens",
+    "speed_fields",
     "medians",
     "turn_range",
     "whiskers",
@@ -234,6 +238,24 @@ def same_tokens(outs: Mapping, name: str, reference: str = "target-only") -> boo
     """Whether mode ``name``'s last output holds exactly the tokens of ``reference``'s (at
     temperature 0 a lossless mode's must)."""
     return bool((np.asarray(outs[name].tokens) == np.asarray(outs[reference].tokens)).all())
+
+
+def speed_fields(name: str, turns: Mapping[str, list[float]], outs: Mapping, totals: Mapping,
+                 reference: str = "target-only") -> dict:
+    """The speed columns of mode ``name`` in a side-by-side run (:func:`tallied_turns`'s
+    ``turns, outputs, totals``) against ``reference``: ``tau`` and ``num_tokens`` /
+    ``target_calls`` over every timed call, ``tokens_per_s`` of the last call's tokens over
+    the median seconds, the reference's, their ratio ``speedup`` with its turn-by-turn
+    ``speedup_turn_range``, and ``seconds_per_call``."""
+    sec = medians(turns)
+    n = int(np.asarray(outs[name].lengths).sum())
+    ref_n = int(np.asarray(outs[reference].lengths).sum())
+    tps, ref_tps = n / sec[name], ref_n / sec[reference]
+    return {"tau": totals[name][0] / max(totals[name][1], 1), "num_tokens": totals[name][0],
+            "target_calls": totals[name][1], "tokens_per_s": tps, "target_only_tokens_per_s": ref_tps,
+            "speedup": tps / ref_tps,
+            "speedup_turn_range": [x * n / ref_n for x in turn_range(turns[reference], turns[name])],
+            "seconds_per_call": sec[name]}
 
 
 def medians(turns: Mapping[str, list[float]]) -> dict[str, float]:

@@ -215,21 +215,11 @@ def _measure(cfg, target, draft, head, batch, sets, temp) -> list[dict]:
                                     sampling=Sampling(temperature=temp), stop_tokens=())
             fns[f"{kind} {spec}"] = _in_turn(sp, sets)
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
-    sec = common.medians(turns)
-    ar_tokens = int(np.asarray(outs["target-only"].lengths).sum())
-    ar_tps = ar_tokens / sec["target-only"]
     rows = []
     for name in fns:
-        n = int(np.asarray(outs[name].lengths).sum())
-        tps = n / sec[name]
         kind, _, tree = name.partition(" ")
         row = {"batch": batch, "temperature": temp, "mode": name, "drafter": kind, "tree": tree or None,
-               "prompts": sum(len(x) for x in sets),
-               "tau": totals[name][0] / max(totals[name][1], 1), "num_tokens": totals[name][0],
-               "target_calls": totals[name][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
-               "speedup": tps / ar_tps,
-               "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
-               "seconds_per_call": sec[name]}
+               "prompts": sum(len(x) for x in sets), **common.speed_fields(name, turns, outs, totals)}
         if tree:
             rounds = max(int(np.asarray(outs[name].rounds).sum()), 1)
             row["accepted_per_round"] = [float(a) / rounds
@@ -237,8 +227,8 @@ def _measure(cfg, target, draft, head, batch, sets, temp) -> list[dict]:
         if temp == 0.0:
             row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         rows.append(row)
-        common.log(f"head: batch {batch} T={temp:g} {name:22s} tau {row['tau']:.2f} {tps:8.1f} tok/s vs "
-                   f"{ar_tps:8.1f}  {row['speedup']:.2f}x")
+        common.log(f"head: batch {batch} T={temp:g} {name:22s} tau {row['tau']:.2f} {row['tokens_per_s']:8.1f} tok/s "
+                   f"vs {row['target_only_tokens_per_s']:8.1f}  {row['speedup']:.2f}x")
     return rows
 
 

@@ -157,24 +157,15 @@ def _measure(cfg, target, draft, workload, p_idx, ids, temp, m) -> list[dict]:
 
     fns["draft chain:4"] = dm
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
-    sec = common.medians(turns)
-    ar_tokens = int(np.asarray(outs["target-only"].lengths).sum())
-    ar_tps = ar_tokens / sec["target-only"]
     rows = []
     for name in fns:
-        n = int(np.asarray(outs[name].lengths).sum())
-        tps = n / sec[name]
         row = {"workload": workload, "prompt": p_idx, "temperature": temp, "mode": name,
-               "tau": totals[name][0] / max(totals[name][1], 1), "num_tokens": totals[name][0],
-               "target_calls": totals[name][1], "tokens_per_s": tps, "target_only_tokens_per_s": ar_tps,
-               "speedup": tps / ar_tps,
-               "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
-               "seconds_per_call": sec[name]}
+               **common.speed_fields(name, turns, outs, totals)}
         if temp == 0.0:
             row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         rows.append(row)
         common.log(f"lookup: {workload:8s} T={temp:g} prompt {p_idx} {name:20s} tau {row['tau']:.2f} "
-                   f"{tps:7.1f} tok/s vs {ar_tps:7.1f}  {row['speedup']:.2f}x")
+                   f"{row['tokens_per_s']:7.1f} tok/s vs {row['target_only_tokens_per_s']:7.1f}  {row['speedup']:.2f}x")
     return rows
 
 

@@ -113,25 +113,18 @@ def _measure(cfg: QueueBenchConfig, target, drafters: dict, ps: list[list[int]],
 
         fns[f"{name} batches"], fns[f"{name} queue"] = batched, queued
     turns, outs, totals = common.tallied_turns(fns, cfg.repeats)
-    sec = common.medians(turns)
-    ar_tokens = int(np.asarray(outs["target-only"].lengths).sum())
-    ar_tps = ar_tokens / sec["target-only"]
     out = []
     for name in fns:
-        n = int(np.asarray(outs[name].lengths).sum())
-        tps = n / sec[name]
         drafter, _, how = name.partition(" ")
         row = {"temperature": temp, "mode": name, "drafter": None if not how else drafter, "how": how or "batches",
                "prompts": len(ps), "rows": r, "tree": cfg.tree if how else None,
-               "tau": totals[name][0] / max(totals[name][1], 1), "num_tokens": n, "tokens_per_s": tps,
-               "target_only_tokens_per_s": ar_tps, "speedup": tps / ar_tps,
-               "speedup_turn_range": [x * n / ar_tokens for x in common.turn_range(turns["target-only"], turns[name])],
-               "seconds_per_call": sec[name]}
+               **common.speed_fields(name, turns, outs, totals),
+               "num_tokens": int(np.asarray(outs[name].lengths).sum())}  # one call's: every prompt's budget
         if temp == 0.0:
             row["same_tokens_as_target_only"] = common.same_tokens(outs, name)
         out.append(row)
-        common.log(f"queue: T={temp:g} {name:16s} tau {row['tau']:.2f} {tps:8.1f} tok/s vs {ar_tps:8.1f}  "
-                   f"{row['speedup']:.2f}x")
+        common.log(f"queue: T={temp:g} {name:16s} tau {row['tau']:.2f} {row['tokens_per_s']:8.1f} tok/s vs "
+                   f"{row['target_only_tokens_per_s']:8.1f}  {row['speedup']:.2f}x")
     return out
 
 
