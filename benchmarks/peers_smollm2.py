@@ -7,7 +7,7 @@
 The engines, each against its own target-only decoding:
 
 - **jaxspec** (float32, the file dequantized): target-only, the shipped feature head
-  ``smollm2-135m-head`` on ``chain:3`` (``jaxspec generate``'s default for this target), and
+  ``smollm2-135m-head`` on ``chain:3`` (the tree of the task-mix benchmark), and
   prompt lookup (``ngram``, ``chain:4``);
 - **transformers** loading the file itself (``from_pretrained(dir, gguf_file=...)``, float32,
   dequantized): ``generate`` target-only, and its prompt lookup (``prompt_lookup_num_tokens``);

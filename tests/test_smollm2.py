@@ -144,7 +144,7 @@ def _cli(capsys, *argv):
 
 def test_cli_chat_applies_the_template_stops_at_end_of_turn_and_compares(capsys, hf):
     """One run of both modes (each compile of the 30-layer model costs about a minute on CI),
-    without --draft and --tree: the target's own drafter, the shipped head, on its chain:3."""
+    without --draft and --tree: the target's own drafter, the shipped head, on its chain:1."""
     import json
 
     code, out, err = _cli(capsys, "--chat", "What is the capital of France? Answer in one word.",
@@ -155,7 +155,7 @@ def test_cli_chat_applies_the_template_stops_at_end_of_turn_and_compares(capsys,
     want = tok.apply_chat_template([{"role": "user", "content": r["chat"]}], add_generation_prompt=True,
                                    tokenize=False)
     assert r["prompt"] is None and r["prompt_text"] == want
-    assert (r["draft"], r["tree"]) == ("smollm2-135m-head", "chain:3"), r
+    assert (r["draft"], r["tree"]) == ("smollm2-135m-head", "chain:1"), r
     assert r["mode"] == "speculative" and r["stop_tokens"] == [2]
     assert r["tokens"][-1] == 2 and r["num_tokens"] < 32, r  # stopped at <|im_end|>
     assert "Paris" in r["text"], r["text"]
@@ -163,8 +163,8 @@ def test_cli_chat_applies_the_template_stops_at_end_of_turn_and_compares(capsys,
 
 
 @pytest.mark.parametrize("argv, needle", [
-    # the default tree follows the drafter: the head's chain:3, generate's chain:4 for another
-    (["--chat", "hi", "--retune"], "--retune: applies only to --tree auto, got --tree chain:3"),
+    # the default tree follows the drafter: the head's chain:1, generate's chain:4 for another
+    (["--chat", "hi", "--retune"], "--retune: applies only to --tree auto, got --tree chain:1"),
     (["--chat", "hi", "--retune", "--draft", "ngram"], "--retune: applies only to --tree auto, got --tree chain:4"),
     (["--chat", "  ", "--baseline"], "--chat: expected a non-empty message"),
     (["--prompt", "x", "--chat", "y", "--baseline"], "argument --chat: not allowed with argument --prompt"),

