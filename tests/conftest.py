@@ -27,6 +27,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # test). The limit itself is never reached by one run.
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 
+# The test processes themselves do not write to the persistent cache: writing some executables
+# to it crashed an xdist worker (a segmentation fault inside JAX's
+# compilation_cache.put_executable_and_time, in CI and in a local run of the long suite). The
+# subprocesses the tests start (README blocks, CLI runs, notebook kernels) still share it.
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)
+
 
 def pytest_unconfigure(config):
     if os.environ.get("JAXSPEC_TEST_XLA_CACHE_OWNER") == str(os.getpid()):
