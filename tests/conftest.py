@@ -22,9 +22,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     # A size limit switches on JAX's file lock around every read and write of the cache.
     # Without it a write is a plain non-atomic write_bytes, and a second process reading the
-    # same program meanwhile (both xdist workers compile the same tiny models' programs) can
-    # get a truncated executable (the likely cause of a CI worker's crash in a tiny streaming
-    # test). The limit itself is never reached by one run.
+    # same program meanwhile (the subprocesses of both xdist workers compile the same default
+    # models' programs) can get a truncated executable. The limit is never reached by one run.
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 
 # The test processes themselves do not write to the persistent cache: writing some executables
