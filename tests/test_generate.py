@@ -558,5 +558,12 @@ def test_cli_and_python_defaults_agree():
     assert params["sampling"].default is params["draft_sampling"].default is None  # None: Sampling()
     law = Sampling()
     assert (args.temperature, args.top_k, args.top_p) == (law.temperature, law.top_k, law.top_p) == (1.0, None, None)
+    # --tree's parser default is None (it follows the drafter); for the default target and drafter
+    # it resolves to jaxspec.generate's default, as `jaxspec generate` resolves it.
+    from jaxspec.cli import gen_setup  # noqa: PLC0415
+    from jaxspec.cli.generate import DEFAULT_TREE as CLI_TREE  # noqa: PLC0415
+
+    assert args.tree is None
+    gen_setup.default_draft_and_tree(args, CLI_TREE)
     assert args.tree == params["tree"].default == "chain:4"
     assert args.rule == params["rule"].default == "auto"
