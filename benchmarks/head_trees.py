@@ -167,24 +167,18 @@ def plot(report: dict, path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="48 tokens, 1 turn")
-    g.add_argument("--tiny", action="store_true", help="a smoke test (figures meaningless)")
-    p.add_argument("--out", default=str(HERE / "results"),
-                   help="output folder (default benchmarks/results; --quick/--tiny: its quick/ or tiny/ subfolder)")
-    args = p.parse_args(argv)
-    size = "tiny" if args.tiny else "quick" if args.quick else "full"
-    _cost_model().check_requirements()
-    from jaxspec.bench.common import write_report
+    from jaxspec.bench.common import markdown_table, size_arguments, write_report
 
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    resolve = size_arguments(p, quick="48 tokens, 1 turn", tiny="one prompt, a few tokens", out=HERE / "results")
+    size, out = resolve(p.parse_args(argv))
+    _cost_model().check_requirements()
     report = run(size)
-    paths = write_report(report, pathlib.Path(args.out) / ("" if size == "full" else size), "head_trees", plot)
-    print("| tree | nodes | tau | speedup | predicted (forwards only) | round in steps: forwards / measured |")
-    print("|---|---|---|---|---|---|")
-    for r in report["rows"]:
-        print(f"| {r['tree']} | {r['num_nodes']} | {r['tau']:.2f} | {r['speedup']:.2f}× | "
-              f"{r['predicted_speedup']:.2f}× | {r['round_units']:.2f} / {r['measured_round_units']:.2f} |")
+    paths = write_report(report, out, "head_trees", plot)
+    print(markdown_table(
+        ["tree", "nodes", "tau", "speedup", "predicted (forwards only)", "round in steps: forwards / measured"],
+        [[r["tree"], str(r["num_nodes"]), f"{r['tau']:.2f}", f"{r['speedup']:.2f}×", f"{r['predicted_speedup']:.2f}×",
+          f"{r['round_units']:.2f} / {r['measured_round_units']:.2f}"] for r in report["rows"]]))
     print(f"wrote {paths['json']} and {paths['png']}", file=sys.stderr)
     return 0
 

@@ -38,21 +38,13 @@ EXTRA_PROMPT = "def fibonacci(n):"
 
 
 def _args(argv=None):
+    from jaxspec.bench.common import size_arguments
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="3 prompts, 64 tokens, 2 turns")
-    g.add_argument("--tiny", action="store_true", help="1 prompt, 8 tokens, 1 turn (a smoke test; figures meaningless)")
-    p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"),
-                   help="output folder (default benchmarks/results; --quick/--tiny: its quick/ or tiny/ subfolder)")
-    return p.parse_args(argv)
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    """A markdown table on stdout."""
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    resolve = size_arguments(p, quick="3 prompts, 64 tokens, 2 turns", tiny="1 prompt, 8 tokens, 1 turn",
+                             out=pathlib.Path(__file__).resolve().parent / "results")
+    args = p.parse_args(argv)
+    return args, *resolve(args)
 
 
 def _import_hf():
@@ -65,14 +57,13 @@ def _import_hf():
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    size = "tiny" if args.tiny else "quick" if args.quick else "full"
+    args, size, out = _args(argv)
     torch, transformers = _import_hf()
     import jax
     import numpy as np
 
     import jaxspec
-    from jaxspec.bench.common import log, machine_info, pyplot, write_report
+    from jaxspec.bench.common import log, machine_info, markdown_table, pyplot, write_report
     from jaxspec.bench.decode import BATCH_PROMPTS
 
     n_prompts, m, turns, n_lookup, m_lookup = SIZES[size]
@@ -217,20 +208,19 @@ def main(argv=None) -> int:
         fig.savefig(path, dpi=120)
         plt.close(fig)
 
-    out = pathlib.Path(args.out) / ("" if size == "full" else size)
     files = write_report(report, out, "peer_hf", plot)
-    _print_table(["prompt", "T", "HF assisted", "HF prompt lookup", "HF target-only", "jaxspec speculative",
+    print(markdown_table(["prompt", "T", "HF assisted", "HF prompt lookup", "HF target-only", "jaxspec speculative",
                   "jaxspec target-only", "jaxspec spec / HF assisted"],
                  [[repr(r["prompt"]), f"{r['temperature']:g}",
                    *(f"{r['tokens_per_s'][k]:.0f}" for k in modes), f"{r['speculative_over_hf_assisted']:.2f}x"]
-                  for r in rows])
+                  for r in rows]))
     print()
-    _print_table(["workload", "prompt", "T", "HF prompt lookup tok/s (speedup)",
+    print(markdown_table(["workload", "prompt", "T", "HF prompt lookup tok/s (speedup)",
                   "jaxspec NgramDraft chain:4 (speedup)", "jaxspec / HF"],
                  [[r["workload"], repr(r["prompt"][:24]), f"{r['temperature']:g}",
                    f"{r['tokens_per_s']['hf_prompt_lookup']:.0f} ({r['hf_prompt_lookup_speedup']:.2f}x)",
                    f"{r['tokens_per_s']['jaxspec_ngram']:.0f} ({r['jaxspec_ngram_speedup']:.2f}x)",
-                   f"{r['ngram_over_hf_prompt_lookup']:.2f}x"] for r in lookup_rows])
+                   f"{r['ngram_over_hf_prompt_lookup']:.2f}x"] for r in lookup_rows]))
     print(f"wrote {files['json']} and {files['png']}")
     return 0
 

@@ -47,19 +47,18 @@ TARGET, HEAD = "smollm2-135m", "smollm2-135m-head"
 
 
 def _args(argv=None):
+    from jaxspec.bench.common import size_arguments
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="48 tokens, 2 turns")
-    g.add_argument("--tiny", action="store_true", help="8 tokens, 1 turn (a smoke test; figures meaningless)")
-    p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results"),
-                   help="output folder (default benchmarks/results; --quick/--tiny: its quick/ or tiny/ subfolder)")
+    resolve = size_arguments(p, quick="48 tokens, 2 turns", tiny="8 tokens, 1 turn",
+                             out=pathlib.Path(__file__).resolve().parent / "results")
     p.add_argument("--lookup-tokens", type=int, default=4, help="tokens each prompt-lookup drafter proposes (4)")
     p.add_argument("--no-install", action="store_true",
                    help="do not install llama-cpp-python when it is missing (its rows are left out)")
     args = p.parse_args(argv)
     if args.lookup_tokens < 1:
         p.error(f"--lookup-tokens = {args.lookup_tokens}: expected an integer >= 1")
-    return args
+    return args, *resolve(args)
 
 
 def _llama_cpp(install: bool):
@@ -213,13 +212,12 @@ def plot(report: dict, path) -> None:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    size = "tiny" if args.tiny else "quick" if args.quick else "full"
+    args, size, out = _args(argv)
     n, turns = SIZES[size]
     llama_cpp = _llama_cpp(not args.no_install)
 
     import jaxspec
-    from jaxspec.bench.common import machine_info, write_report
+    from jaxspec.bench.common import machine_info, markdown_table, write_report
     from jaxspec.bench.tasks import CATEGORIES, messages_of
 
     tok = jaxspec.load_tokenizer(TARGET)
@@ -244,13 +242,10 @@ def main(argv=None) -> int:
                          "lookup_tokens": args.lookup_tokens, "llama_cpp_weight_repacking": False},
               "prompts": {c: len(p) for c, p in zip(CATEGORIES, prompts, strict=True)},
               "rows": rows, "same_tokens_as_target_only": same}
-    out = pathlib.Path(args.out) / ("" if size == "full" else size)
     paths = write_report(report, out, "peers_smollm2", plot)
-    print("| engine | mode | tokens | tokens/s | speedup over its own target-only |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['engine']} | {r['mode']} | {r['tokens']} | {r['tokens_per_s']:.1f} | "
-              f"{r['speedup_over_own_target_only']:.2f}x |")
+    print(markdown_table(["engine", "mode", "tokens", "tokens/s", "speedup over its own target-only"],
+                         [[r["engine"], r["mode"], str(r["tokens"]), f"{r['tokens_per_s']:.1f}",
+                           f"{r['speedup_over_own_target_only']:.2f}x"] for r in rows]))
     print(f"wrote {paths['json']} and {paths['png']}", file=sys.stderr)
     return 0
 

@@ -245,6 +245,10 @@ def test_time_calls_takes_turns():
     assert order == ["a", "b"] * 4  # one warm-up call each, then 3 turns of one call each
     turns = common.time_calls_turns({"a": (traced("a"), (jnp.ones(2),))}, repeats=4, min_time=0.0)
     assert list(turns) == ["a"] and len(turns["a"]) == 4 and all(t > 0 for t in turns["a"])
+    ticks = []  # progress: after each warm-up, then after each turn's call
+    common.time_calls_turns({"a": (traced("a"), (jnp.ones(2),)), "b": (traced("b"), (jnp.ones(2),))},
+                            repeats=2, min_time=0.0, progress=ticks.append)
+    assert ticks == ["a", "b"] * 3
     assert common.time_call(traced("c"), jnp.ones(1), repeats=2, min_time=0.0) > 0
     # interleaved: fn(i) with i = -1 (warm-up), then 0, 1, 2 in turns; medians of the turns
     seen = []
@@ -259,6 +263,20 @@ def test_time_calls_takes_turns():
     assert common.whiskers([2.0, 5.0], [[1.5, 3.0], None]) == [[0.5, 0.0], [1.0, 0.0]]
     with pytest.raises(ValueError, match="repeats = 0"):
         common.time_calls({"a": (traced("a"), (jnp.ones(1),))}, repeats=0)
+
+
+def test_markdown_table_and_size_arguments(tmp_path):
+    """The scripts' shared table printer and their --quick / --tiny / --out arguments."""
+    import argparse  # noqa: PLC0415
+
+    assert common.markdown_table(["a", "b"], [["1", "2"], ["x", "y"]]) == "| a | b |\n|---|---|\n| 1 | 2 |\n| x | y |"
+    p = argparse.ArgumentParser()
+    resolve = common.size_arguments(p, quick="few", tiny="fewer", out=tmp_path)
+    assert resolve(p.parse_args([])) == ("full", tmp_path)
+    assert resolve(p.parse_args(["--quick"])) == ("quick", tmp_path / "quick")
+    assert resolve(p.parse_args(["--tiny", "--out", str(tmp_path / "o")])) == ("tiny", tmp_path / "o" / "tiny")
+    with pytest.raises(SystemExit):  # exclusive
+        p.parse_args(["--quick", "--tiny"])
 
 
 def test_every_benchmark_has_headline_keys():

@@ -53,6 +53,8 @@ __all__ = [
     "TINY_VOCAB",
     "model_pair",
     "forward_loop",
+    "markdown_table",
+    "size_arguments",
 ]
 
 #: benchmark sizes: ``full`` (the published figures), ``quick`` (minutes on 2 CPU cores),
@@ -159,13 +161,18 @@ def time_calls(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.
     return medians(time_calls_turns(calls, repeats=repeats, min_time=min_time))
 
 
-def time_calls_turns(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.2) -> dict[str, list[float]]:
+def time_calls_turns(calls: Mapping[str, tuple], *, repeats: int, min_time: float = 0.2,
+                     progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
     """:func:`time_calls` without the median: ``{name: [seconds per call in turn 0, 1,
-    ...]}``, so that ratios can be taken turn by turn (functions timed seconds apart)."""
+    ...]}``, so that ratios can be taken turn by turn (functions timed seconds apart).
+    ``progress(name)``, when given, is called after each warm-up and each timed turn (for a
+    progress bar: ``len(calls) * (repeats + 1)`` calls in all)."""
     if repeats < 1:
         raise ValueError(f"repeats = {repeats!r}: expected an integer >= 1")
-    for fn, args in calls.values():
+    for name, (fn, args) in calls.items():
         jax.block_until_ready(fn(*args))
+        if progress is not None:
+            progress(name)
     times: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(repeats):
         for name, (fn, args) in calls.items():
@@ -177,6 +184,8 @@ def time_calls_turns(calls: Mapping[str, tuple], *, repeats: int, min_time: floa
                 if time.perf_counter() - t0 >= min_time:
                     break
             times[name].append((time.perf_counter() - t0) / n)
+            if progress is not None:
+                progress(name)
     return times
 
 
@@ -365,6 +374,29 @@ def write_report(report: dict, out_dir, name: str, plot: Callable[[dict, pathlib
     jpath.write_text(json.dumps(jsonable(report), indent=2) + "\n")
     plot(report, ppath)
     return {"json": str(jpath), "png": str(ppath)}
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A markdown table: ``header``, the rule, one line a row; the caller formats the cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def size_arguments(parser, *, quick: str, tiny: str, out) -> Callable:
+    """Add ``--quick`` / ``--tiny`` (exclusive; their help says what each runs) and ``--out`` (default
+    ``out``) to ``parser``, as the scripts in ``benchmarks/`` take them. Returns ``resolve(args) ->
+    (size, folder)``: the size's name and where its files go (a quick or tiny run in a subfolder)."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help=quick)
+    g.add_argument("--tiny", action="store_true", help=tiny + " (a smoke test; figures meaningless)")
+    parser.add_argument("--out", default=str(out),
+                        help=f"output folder (default {out}; --quick/--tiny: its quick/ or tiny/ subfolder)")
+
+    def resolve(args) -> tuple[str, pathlib.Path]:
+        size = "tiny" if args.tiny else "quick" if args.quick else "full"
+        return size, default_out_dir(size, base=args.out)
+
+    return resolve
 
 
 def script_main(name: str, argv=None, *, default_out=None) -> int:
