@@ -158,6 +158,26 @@ def _diverged(command: str, e, args) -> int:
     return 1
 
 
+def _fit(command: str, args, fit, refine=None):
+    """Run ``fit()``, a training call, handling what every training command handles alike:
+    divergence (one line, exit 1), a bad value (a :class:`CLIError` naming flags, passed through
+    ``refine(message)`` when given) and Ctrl-C (after saying where to resume). Returns
+    ``(result, None)``, or ``(None, exit status)`` when the run diverged or stopped at --stop-at."""
+    from jaxspec.training.train import TrainingDiverged
+
+    try:
+        r = fit()
+    except TrainingDiverged as e:
+        return None, _diverged(command, e, args)
+    except ValueError as e:
+        msg = _flag_names(str(e), args)
+        raise CLIError(refine(msg) if refine else msg) from None
+    except KeyboardInterrupt:
+        _say_where_to_resume(command, args.out)
+        raise
+    return (None, _stopped(r)) if r.final_dir is None else (r, None)
+
+
 def _check_output_dirs(args) -> None:
     """--out and --export of train / distill: writable folders, checked before training."""
     check_output_dir("--out", args.out)
@@ -177,25 +197,18 @@ def train_command(p: argparse.ArgumentParser) -> Handler:
     _add_train_args(p)
 
     def run(args) -> int:
-        from jaxspec.training.train import TrainingDiverged, train
+        from jaxspec.training.train import train
 
         mc = _model_config(args)
         tc = _train_config(args, mc)
         _check_output_dirs(args)
         print(f"train: {mc.num_params():,} parameters; {tc.steps} steps of {tc.batch_size}x{tc.seq_len} tokens",
               file=sys.stderr)
-        try:
-            r = train(mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
-                      export_dir=args.export, stop_at=args.stop_at)
-        except TrainingDiverged as e:
-            return _diverged("train", e, args)
-        except ValueError as e:
-            raise CLIError(_flag_names(str(e), args)) from None
-        except KeyboardInterrupt:
-            _say_where_to_resume("train", args.out)
-            raise
-        if r.final_dir is None:
-            return _stopped(r)
+        r, status = _fit("train", args, lambda: train(
+            mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
+            export_dir=args.export, stop_at=args.stop_at))
+        if r is None:
+            return status
         last = r.history[-1]
         _print_json({"val_loss": last["val_loss"], "train_time_s": round(r.total_train_time_s, 1),
                      "params": mc.num_params(), "model": str(r.final_dir)})
@@ -214,29 +227,23 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
     _add_train_args(p)
 
     def run(args) -> int:
-        from jaxspec.training.train import TrainingDiverged, distill
+        from jaxspec.training.train import distill
 
         mc = _model_config(args)
         tc = _train_config(args, mc)
         _check_output_dirs(args)
         target = load_flag_model("--target", args.target)
         init = load_flag_model("--init", args.init) if args.init else None
-        try:
-            r = distill(target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args),
-                        progress=not args.no_progress, export_dir=args.export, init_draft=init,
-                        max_compute_ratio=args.max_compute_ratio, stop_at=args.stop_at)
-        except TrainingDiverged as e:
-            return _diverged("distill", e, args)
-        except ValueError as e:
-            msg = _flag_names(str(e), args).replace("--init's config", f"the config of --init {args.init}")
-            if "per-token FLOPs" in msg:
-                msg += " (--max-compute-ratio)"
-            raise CLIError(msg) from None
-        except KeyboardInterrupt:
-            _say_where_to_resume("distill", args.out)
-            raise
-        if r.final_dir is None:
-            return _stopped(r)
+        def refine(msg: str) -> str:
+            msg = msg.replace("--init's config", f"the config of --init {args.init}")
+            return msg + " (--max-compute-ratio)" if "per-token FLOPs" in msg else msg
+
+        r, status = _fit("distill", args, lambda: distill(
+            target, mc, tc, args.out, resume=args.resume, corpus=_corpus(args), progress=not args.no_progress,
+            export_dir=args.export, init_draft=init, max_compute_ratio=args.max_compute_ratio,
+            stop_at=args.stop_at), refine)
+        if r is None:
+            return status
         _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
                      "val_kl": r.history[-1]["val_kl"], "train_time_s": round(r.total_train_time_s, 1),
                      "params": mc.num_params(), "model": str(r.final_dir)})
@@ -268,7 +275,6 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
     def run(args) -> int:
         from jaxspec.nn.head import head_config
         from jaxspec.training.head import head_params, train_head
-        from jaxspec.training.train import TrainingDiverged
 
         tc = _train_config(args)
         _check_output_dirs(args)
@@ -280,19 +286,12 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
             raise CLIError(_flag_names(str(e), args)) from None
         print(f"train-head: a head of {hc.num_hidden_layers} layer (width {hc.hidden_size}); {tc.steps} steps of "
               f"{tc.batch_size}x{tc.seq_len} tokens", file=sys.stderr)
-        try:
-            r = train_head(target, tc, args.out, head_config=hc, resume=args.resume, corpus=_corpus(args),
-                           progress=not args.no_progress, export_dir=args.export, stop_at=args.stop_at,
-                           feature_weight=args.feature_weight, noise=args.noise, unroll=args.unroll)
-        except TrainingDiverged as e:
-            return _diverged("train-head", e, args)
-        except ValueError as e:
-            raise CLIError(_flag_names(str(e), args)) from None
-        except KeyboardInterrupt:
-            _say_where_to_resume("train-head", args.out)
-            raise
-        if r.final_dir is None:
-            return _stopped(r)
+        r, status = _fit("train-head", args, lambda: train_head(
+            target, tc, args.out, head_config=hc, resume=args.resume, corpus=_corpus(args),
+            progress=not args.no_progress, export_dir=args.export, stop_at=args.stop_at,
+            feature_weight=args.feature_weight, noise=args.noise, unroll=args.unroll))
+        if r is None:
+            return status
         last = r.history[-1]
         _print_json({"alpha_before": r.alpha_before, "alpha_after": r.alpha_after,
                      **{k: v for k, v in last.items() if k.startswith("alpha_depth_")},
