@@ -71,6 +71,7 @@ from jaxspec.nn.gguf import is_gguf_file, load_gguf
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
 from jaxspec.nn.packaged import is_packaged_name, packaged_file, packaged_models
+from jaxspec.nn.quant import apply_quantize, check_quantize, is_quantized
 from jaxspec.nn.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
@@ -267,6 +268,8 @@ def save_model(
     """
     if not isinstance(model, Transformer):
         raise ValueError(f"save_model: model is a {type(model).__name__}; expected a jaxspec Transformer")
+    if is_quantized(model):
+        raise ValueError("save_model: model is quantized (int8); save the float model it was loaded from")
     dtype = model.config.dtype if dtype is None else (dtype if isinstance(dtype, str) else jnp.dtype(dtype).name)
     if dtype not in LOAD_DTYPES:
         raise ValueError(f"save_model: dtype = {dtype!r}; expected one of {LOAD_DTYPES} or None")
@@ -350,7 +353,8 @@ def _weight_files(folder: Path) -> dict[str, str]:
 
 
 def load_model(
-    name_or_path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None
+    name_or_path: str | os.PathLike, *, dtype: str | None = None, max_context: int | None = None,
+    quantize: str | None = None,
 ) -> Transformer:
     """A :class:`Transformer` from an embedded name, an HF-layout folder, or a GGUF file
     (a path, or a packaged name such as ``"smollm2-135m"``: :func:`~jaxspec.nn.gguf.load_gguf`).
@@ -360,10 +364,14 @@ def load_model(
     tree) you will run; when given, it caps ``max_position_embeddings`` (generation then refuses
     longer sequences). Sliding attention windows are implemented and need no ``max_context``.
     Architectures: :data:`ARCHITECTURES`. Errors name the file or tensor at fault.
+    ``quantize="int8"``: int8 weights and activations in every linear layer and the LM head
+    (:mod:`jaxspec.nn.quant`; a GGUF file quantizes from its dequantized weights), or, where
+    an int8 product is not faster than float32 on this machine, the float model and one warning.
     """
+    check_quantize("load_model", quantize)
     folder = resolve_model_path(name_or_path)
     if is_gguf_file(folder):
-        return load_gguf(folder, dtype=dtype, max_context=max_context)
+        return apply_quantize(load_gguf(folder, dtype=dtype, max_context=max_context), quantize)
     if is_head_folder(folder):
         raise ValueError(
             f"load_model: {os.fspath(name_or_path)!r} is a feature draft head (its {CONFIG_FILE} has "
@@ -406,7 +414,7 @@ def load_model(
                 arr = _read_tensor(f, file, stored, sources[name], shape)
                 values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
 
-    return assemble(graphdef, state, values)
+    return apply_quantize(assemble(graphdef, state, values), quantize)
 
 
 def _sources(arch: str, config: ModelConfig, expected, files) -> dict[str, tuple[str, tuple[int, int] | None]]:
@@ -459,12 +467,14 @@ def _read_tensor(f, file: Path, stored: set[str], source, shape: tuple[int, ...]
 
 
 def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,
-               max_context: int | None = None) -> Transformer | FeatureHead:
+               max_context: int | None = None, quantize: str | None = None) -> Transformer | FeatureHead:
     """A draft for :func:`jaxspec.generate` from an embedded name, a folder or a GGUF file: a feature
     head (a folder written by ``jaxspec train-head``, :func:`~jaxspec.nn.head.save_head`)
     loads with :func:`~jaxspec.nn.head.load_head`, any other model with :func:`load_model`
-    (``dtype`` and ``max_context`` apply to models only)."""
+    (``dtype``, ``max_context`` and ``quantize`` apply to models only: a head stays float, and
+    drafts through its target's LM head, quantized with the target)."""
+    check_quantize("load_draft", quantize)
     folder = resolve_model_path(name_or_path)
     if is_head_folder(folder):
         return load_head(folder)
-    return load_model(name_or_path, dtype=dtype, max_context=max_context)
+    return load_model(name_or_path, dtype=dtype, max_context=max_context, quantize=quantize)

@@ -24,7 +24,9 @@ tells model work from the work around it.
 
 Numerics: parameters and the KV cache in ``config.dtype`` (float32 or bfloat16); the
 residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits in
-float32. Masked scores use the most negative float32, so a fully masked row yields a
+float32. A quantized model (:func:`jaxspec.nn.quant.quantize_model`) has int8
+:class:`~jaxspec.nn.quant.QuantLinear` layers in place of every ``nnx.Linear`` and as its LM
+head (tied or not); the code below is the same. Masked scores use the most negative float32, so a fully masked row yields a
 uniform average over the cache instead of NaN.
 
 Parameter names map 1:1 onto Hugging Face tensors of every family (Phi-3's fused projections
@@ -70,6 +72,7 @@ from jaxspec.checks import is_concrete
 from jaxspec.nn.cache import KVCache, advance, init_cache
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import cache_key_positions, causal_cache_mask, window_mask
+from jaxspec.nn.quant import QuantLinear
 from jaxspec.nn.rope import RopeScaling
 from jaxspec.nn.rope import inv_freq as rope_inv_freq
 
@@ -282,11 +285,11 @@ class Transformer(nnx.Module):
         logits ``[B, T, V]`` through the LM head (the embedding when tied). A feature-level
         draft head (:class:`jaxspec.nn.head.FeatureHead`) reads its logits here too."""
         with jax.named_scope(FORWARD_SCOPE):
-            if self.lm_head is None:
-                w = self.embed_tokens.embedding[...].T  # [D, V]
+            if isinstance(self.lm_head, QuantLinear):  # W8A8 (jaxspec.nn.quant), tied or not
+                logits = self.lm_head(h)
             else:
-                w = self.lm_head.kernel[...]  # [D, V]
-            logits = jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+                w = self.embed_tokens.embedding[...].T if self.lm_head is None else self.lm_head.kernel[...]  # [D, V]
+                logits = jnp.einsum("btd,dv->btv", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
             cap = self.config.final_logit_softcapping
             return logits if cap is None else jnp.tanh(logits / cap) * cap  # Gemma 2
 
@@ -295,11 +298,14 @@ class Transformer(nnx.Module):
         float32 ``[B, T, K]``, equal to ``unembed(h)[..., ids]`` at a K / V share of its cost
         (a reduced-vocabulary draft head, :class:`jaxspec.nn.head.FeatureHead`)."""
         with jax.named_scope(FORWARD_SCOPE):
-            if self.lm_head is None:
-                w = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).T  # [D, K]
+            if isinstance(self.lm_head, QuantLinear):
+                logits = self.lm_head(h, columns=ids)
             else:
-                w = jnp.take(self.lm_head.kernel[...], ids, axis=1)  # [D, K]
-            logits = jnp.einsum("btd,dk->btk", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
+                if self.lm_head is None:
+                    w = jnp.take(self.embed_tokens.embedding[...], ids, axis=0).T  # [D, K]
+                else:
+                    w = jnp.take(self.lm_head.kernel[...], ids, axis=1)  # [D, K]
+                logits = jnp.einsum("btd,dk->btk", h.astype(self.config.param_dtype), w, preferred_element_type=_F32)
             cap = self.config.final_logit_softcapping
             return logits if cap is None else jnp.tanh(logits / cap) * cap
 
