@@ -27,14 +27,15 @@ __all__ = ["AcceptResult", "Rule", "TreeStructure", "accept_result", "check_draw
 class AcceptResult(NamedTuple):
     """Outcome of one round for one tree (add a leading batch axis under ``vmap``).
 
-    tokens:             int32[N + 1] emitted tokens (accepted path, then the residual or
-                        bonus token), -1 padded.
-    num_tokens:         int32[] = num_accepted + 1.
-    num_accepted:       int32[] accepted draft nodes.
-    accepted_nodes:     int32[N] node indices of the accepted path in depth order, -1 padded.
-    accepted_per_depth: int32[N] 1 at ``d - 1`` when a node of depth ``d`` was accepted.
-    last_node:          int32[] deepest accepted node, -1 when none; the emitted extra token
-                        was drawn from (the residual of) row ``last_node + 1``.
+    Attributes:
+      tokens:             int32[N + 1] emitted tokens (accepted path, then the residual or
+                          bonus token), -1 padded.
+      num_tokens:         int32[] = num_accepted + 1.
+      num_accepted:       int32[] accepted draft nodes.
+      accepted_nodes:     int32[N] node indices of the accepted path in depth order, -1 padded.
+      accepted_per_depth: int32[N] 1 at ``d - 1`` when a node of depth ``d`` was accepted.
+      last_node:          int32[] deepest accepted node, -1 when none; the emitted extra token
+                          was drawn from (the residual of) row ``last_node + 1``.
     """
 
     tokens: jax.Array

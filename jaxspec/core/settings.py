@@ -32,6 +32,14 @@ __all__ = ["Sampling", "check_sampling", "draft_law"]
 class Sampling:
     """The warps of one law (applied in this order; each ``None`` leaves the law alone).
 
+    >>> Sampling(temperature=0.7, top_p=0.9) == Sampling(0.7, top_p=0.9)  # a value: hashable, equal by value
+    True
+    >>> print(Sampling(temperature=0.7, top_p=0.9))
+    Sampling(temperature=0.7, top_p=0.9)
+    >>> Sampling(top_p=1.5)
+    Traceback (most recent call last):
+    jaxspec.errors.SettingError: top_p = 1.5: expected a number in (0, 1] (or None: no top-p)
+
     Attributes:
       temperature: >= 0; 0 is greedy (the argmax, ties to the lowest token id).
       top_k: an integer >= 1: the ``top_k`` most likely tokens (ties to the lowest ids).

@@ -14,16 +14,16 @@ Example, ``parents = [-1, -1, 0, 0, 1, 2]``::
     |
     5
 
-    tree_mask (ancestor-or-self, row i = what node i attends to)
-          0 1 2 3 4 5
-      0 [ 1 0 0 0 0 0 ]
-      1 [ 0 1 0 0 0 0 ]
-      2 [ 1 0 1 0 0 0 ]
-      3 [ 1 0 0 1 0 0 ]
-      4 [ 0 1 0 0 1 0 ]
-      5 [ 1 0 1 0 0 1 ]
-
-    tree_depths = [1, 1, 2, 2, 2, 3]
+    >>> parents = [-1, -1, 0, 0, 1, 2]
+    >>> print(tree_mask(parents).astype(int))  # ancestor-or-self: row i = what node i attends to
+    [[1 0 0 0 0 0]
+     [0 1 0 0 0 0]
+     [1 0 1 0 0 0]
+     [1 0 0 1 0 0]
+     [0 1 0 0 1 0]
+     [1 0 1 0 0 1]]
+    >>> print(tree_depths(parents))
+    [1 1 2 2 2 3]
 
 Every function here is pure ``jnp`` and works both when ``parents`` is a compile-time
 constant (list, numpy array) and when it is traced data (dynamic trees): no Python

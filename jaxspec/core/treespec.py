@@ -294,6 +294,14 @@ def parse_tree(spec: str) -> StaticTree | DynamicTree:
     ``"dynamic:depth=4,topk=4,nodes=16"``. Errors name the spec. ``"auto"`` (a tree
     chosen per device by :func:`jaxspec.tuning.autotree.auto_tree`) needs the models, so it is
     refused here with a message saying so.
+
+    >>> parse_tree("branch:2,1")  # two children of the root, one child each; breadth first
+    StaticTree(parents=(-1, -1, 0, 1))
+    >>> parse_tree("dynamic:depth=4,topk=4,nodes=16")
+    DynamicTree(depth=4, topk=4, num_nodes=16)
+    >>> parse_tree("chain:x")
+    Traceback (most recent call last):
+    ValueError: tree spec 'chain:x': expected comma-separated integers after ':'
     """
     if not isinstance(spec, str):
         raise ValueError(f"tree spec = {spec!r}: expected a string")

@@ -14,20 +14,21 @@ __all__ = ["GenerateResult", "SUMMARY_KEYS"]
 class GenerateResult(NamedTuple):
     """Output of :func:`generate` / :func:`generate_autoregressive` (a pytree).
 
-    tokens:             int32[B, max_new_tokens] generated tokens, -1 after ``lengths[b]``.
-    lengths:            int32[B] tokens generated per row (a stop token is included).
-    rounds:             int32[B] rounds in which the row was still active.
-    target_calls:       int32[B] target forward passes spent on the row after the prompt
-                        prefill (one verification per round; ``lengths`` when autoregressive).
-    draft_calls:        int32[B] draft forward passes after the prefill (per round: D for
-                        a static tree of depth D, depth + 1 for a DynamicTree; 0 when
-                        autoregressive).
-    tau:                float32[B] ``lengths / target_calls``: tokens per target call
-                        (``tokens_per_target_call`` in :meth:`summary`).
-    accepted_per_depth: int32[B, D] accepted draft nodes at depth ``d + 1`` over the row's
-                        rounds (all of a round's accepted nodes, even those cut by a stop
-                        token or the budget; so ``lengths <= sum(accepted) + target_calls``,
-                        with equality unless a round was cut).
+    Attributes:
+      tokens:             int32[B, max_new_tokens] generated tokens, -1 after ``lengths[b]``.
+      lengths:            int32[B] tokens generated per row (a stop token is included).
+      rounds:             int32[B] rounds in which the row was still active.
+      target_calls:       int32[B] target forward passes spent on the row after the prompt
+                          prefill (one verification per round; ``lengths`` when autoregressive).
+      draft_calls:        int32[B] draft forward passes after the prefill (per round: D for
+                          a static tree of depth D, depth + 1 for a DynamicTree; 0 when
+                          autoregressive).
+      tau:                float32[B] ``lengths / target_calls``: tokens per target call
+                          (``tokens_per_target_call`` in :meth:`summary`).
+      accepted_per_depth: int32[B, D] accepted draft nodes at depth ``d + 1`` over the row's
+                          rounds (all of a round's accepted nodes, even those cut by a stop
+                          token or the budget; so ``lengths <= sum(accepted) + target_calls``,
+                          with equality unless a round was cut).
     """
 
     tokens: jax.Array
@@ -40,15 +41,15 @@ class GenerateResult(NamedTuple):
 
     def summary(self) -> dict:
         """Batch statistics as plain Python numbers (blocks on the device), under the names
-        ``jaxspec generate --json`` prints them with (:data:`SUMMARY_KEYS`, in this order):
+        ``jaxspec generate --json`` prints them with (:data:`SUMMARY_KEYS`, in this order)::
 
-        num_tokens:             tokens generated, summed over rows (``lengths``). ``tokens``
-                                names only lists of token ids, never a count.
-        target_calls, draft_calls, rounds: the per-row fields of those names, summed over rows.
-        loop_rounds:            iterations of the generation loop: the most ``rounds`` of any
-                                row (rows run in lockstep, so wall time per round divides by this).
-        tokens_per_target_call: ``num_tokens / target_calls`` (tau; per row: the field ``tau``).
-        accept_rate_per_depth:  for depth d + 1, accepted nodes at that depth / ``rounds``.
+          num_tokens:             tokens generated, summed over rows (``lengths``). ``tokens``
+                                  names only lists of token ids, never a count.
+          target_calls, draft_calls, rounds: the per-row fields of those names, summed over rows.
+          loop_rounds:            iterations of the generation loop: the most ``rounds`` of any
+                                  row (rows run in lockstep, so wall time per round divides by this).
+          tokens_per_target_call: ``num_tokens / target_calls`` (tau; per row: the field ``tau``).
+          accept_rate_per_depth:  for depth d + 1, accepted nodes at that depth / ``rounds``.
 
         Every count is a sum over rows, as ``rounds`` is (the denominator of
         ``accept_rate_per_depth``; for speculative decoding it equals ``target_calls``); the

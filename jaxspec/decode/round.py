@@ -99,17 +99,18 @@ class RoundParts:
     """The replaceable steps of :func:`speculative_round` (hashable; part of the compiled
     configuration, so pass the same functions to reuse a compilation).
 
-    verify_mask: ``bool[..., N + 1, N + 1] -> bool[..., N + 1, N + 1]``: given the
-                 ancestor-or-self mask over ``[root] + nodes`` (``[B, ...]`` for dynamic
-                 trees), the mask the target's verification forward uses.
-    accept:      ``(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
-                 draft_probs float32[N + 1, V], scheme) -> AcceptResult`` for one row,
-                 with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
-                 checks; vmapped over rows).
-    commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
-                 the target's cache and handed to the drafter's ``commit`` (a draft model
-                 applies it to its own cache; a feature head keeps its own layout): which
-                 slots are kept, and so where the next round's root is written.
+    Attributes:
+      verify_mask: ``bool[..., N + 1, N + 1] -> bool[..., N + 1, N + 1]``: given the
+                   ancestor-or-self mask over ``[root] + nodes`` (``[B, ...]`` for dynamic
+                   trees), the mask the target's verification forward uses.
+      accept:      ``(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
+                   draft_probs float32[N + 1, V], scheme) -> AcceptResult`` for one row,
+                   with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
+                   checks; vmapped over rows).
+      commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
+                   the target's cache and handed to the drafter's ``commit`` (a draft model
+                   applies it to its own cache; a feature head keeps its own layout): which
+                   slots are kept, and so where the next round's root is written.
     """
 
     verify_mask: Callable = tree_verify_mask

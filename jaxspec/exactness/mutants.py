@@ -6,13 +6,13 @@ user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on th
 decode path: :func:`round_parts` returns a *separate* :class:`~jaxspec.decode.round.RoundParts`,
 leaving the library's own parts untouched.
 
-=====================  ==================================================================
-name                   the bug                                          needs
-=====================  ==================================================================
-no-residual-update     after a rejected sibling, ``p`` is not replaced  >= 2 siblings
+=====================  ================================================= =================
+name                   the bug                                           needs
+=====================  ================================================= =================
+no-residual-update     after a rejected sibling, ``p`` is not replaced   >= 2 siblings
                        by ``normalize(max(p - q_k, 0))``; the extra
                        token is drawn from the unmodified row
-depth-row              node i is judged by the row of its *depth*, not  a non-chain tree
+depth-row              node i is judged by the row of its *depth*, not   a non-chain tree
                        of its parent (``row d`` = "law at depth d")
 causal-mask            target verification under a causal triangle over  >= 2 siblings
                        the flattened tree: siblings leak into each other
@@ -26,7 +26,7 @@ bonus-kv-slot          the commit keeps one token fewer than the round   any tre
                        emitted, so the next round writes the emitted
                        token's K/V one cache slot early (over the last
                        accepted token's, or the old root's)
-=====================  ==================================================================
+=====================  ================================================= =================
 
 How they plug in: each is a :class:`~jaxspec.decode.round.RoundParts` with one part
 replaced (:func:`round_parts`), passed as ``parts=`` to :func:`jaxspec.generate` or

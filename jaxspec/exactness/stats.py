@@ -10,7 +10,8 @@ Example::
 
     >>> counts = np.bincount(np.random.default_rng(0).integers(0, 4, 10_000), minlength=4)
     >>> r = chisquare_gof(counts, np.full(4, 0.25))
-    >>> print(r)              # chi2=... dof=3 p=... n=10000
+    >>> print(r)
+    chi2=... dof=3 p=... n=10000
     >>> assert r.pvalue > bonferroni(1e-4, m=1), str(r) + "\\n" + r.table()
 
 Sparse cells (expected count < ``min_expected``) are pooled into one cell, so that the χ²

@@ -109,18 +109,19 @@ class AutoTreeRow:
 class AutoTreeResult:
     """Result of :func:`auto_tree` (or of :func:`tabulate` with injected figures).
 
-    parents:        the chosen tree (breadth first), for ``generate(tree=parents)``.
-    budget:         its node count ``N``.
-    predicted_tau:  predicted tokens per round (per target call) of the chosen tree.
-    predicted_speedup: its predicted tokens/s over target-only decoding (< 1: the pair
-                    does not pay off on this device; decode target-only instead).
-    tokens_per_s:   its predicted tokens per second per batch row.
-    target_step_s:  measured seconds of one target-only decode step.
-    acceptance:     the positional acceptance vector used.
-    rows:           the whole table, one :class:`AutoTreeRow` per budget.
-    info:           what was measured and where (device, jax version, settings).
-    from_cache:     True when read from the on-disk cache.
-    cache_path:     the cache file (None when caching is off or the entry could not be written).
+    Attributes:
+      parents:        the chosen tree (breadth first), for ``generate(tree=parents)``.
+      budget:         its node count ``N``.
+      predicted_tau:  predicted tokens per round (per target call) of the chosen tree.
+      predicted_speedup: its predicted tokens/s over target-only decoding (< 1: the pair
+                      does not pay off on this device; decode target-only instead).
+      tokens_per_s:   its predicted tokens per second per batch row.
+      target_step_s:  measured seconds of one target-only decode step.
+      acceptance:     the positional acceptance vector used.
+      rows:           the whole table, one :class:`AutoTreeRow` per budget.
+      info:           what was measured and where (device, jax version, settings).
+      from_cache:     True when read from the on-disk cache.
+      cache_path:     the cache file (None when caching is off or the entry could not be written).
     """
 
     parents: tuple[int, ...]

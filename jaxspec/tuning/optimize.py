@@ -79,11 +79,12 @@ SUM_TOL = 1e-6
 class OptimizedTree(NamedTuple):
     """Result of :func:`optimize_tree`.
 
-    parents:           np.int32[budget], breadth first (each depth level a contiguous
-                       block, siblings consecutive and in rank order), valid for
-                       :func:`jaxspec.core.tree.validate_parents`.
-    expected_tokens:   predicted tokens per round, ``expected_accepted + 1``.
-    expected_accepted: predicted accepted draft nodes per round (the DP optimum).
+    Attributes:
+      parents:           np.int32[budget], breadth first (each depth level a contiguous
+                         block, siblings consecutive and in rank order), valid for
+                         :func:`jaxspec.core.tree.validate_parents`.
+      expected_tokens:   predicted tokens per round, ``expected_accepted + 1``.
+      expected_accepted: predicted accepted draft nodes per round (the DP optimum).
     """
 
     parents: np.ndarray
@@ -94,14 +95,15 @@ class OptimizedTree(NamedTuple):
 class AcceptanceEstimate(NamedTuple):
     """Result of :func:`measure_acceptance` / :func:`positional_acceptance`.
 
-    mean:          float64[max_rank], ``mean[k]`` = estimated P(the k-th sibling is the one
-                   accepted); entries in [0, 1], summing to <= 1.
-    stderr:        float64[max_rank], standard error of ``mean`` treating positions as
-                   independent (per-position values are exact for ``deterministic`` and
-                   averaged over ``num_draws`` sibling draws otherwise, so the error covers
-                   both the text and the draws; neighbouring positions of one window are
-                   correlated, so read it as a lower bound; NaN for a single position).
-    num_positions: number of positions (rows) averaged.
+    Attributes:
+      mean:          float64[max_rank], ``mean[k]`` = estimated P(the k-th sibling is the one
+                     accepted); entries in [0, 1], summing to <= 1.
+      stderr:        float64[max_rank], standard error of ``mean`` treating positions as
+                     independent (per-position values are exact for ``deterministic`` and
+                     averaged over ``num_draws`` sibling draws otherwise, so the error covers
+                     both the text and the draws; neighbouring positions of one window are
+                     correlated, so read it as a lower bound; NaN for a single position).
+      num_positions: number of positions (rows) averaged.
     """
 
     mean: np.ndarray
