@@ -539,7 +539,7 @@ def test_load_tokenizer_paths(files, tmp_path):
         load_tokenizer("/no/such.gguf")
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"not a gguf file at all")
-    with pytest.raises(ValueError, match="is not a readable GGUF file"):
+    with pytest.raises(ValueError, match="is not a valid GGUF file"):
         load_tokenizer(fake)
 
 

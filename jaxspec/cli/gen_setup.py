@@ -138,6 +138,11 @@ def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
     if room < 1:
         parts = "the prompt, at least one new token and " + tree_words if tree_words else \
             "the prompt and at least one new token"
+        if getattr(args, "chat", None) is not None:  # the message in its chat template
+            raise CLIError(
+                f"--chat: the message in the chat template is {prompt_len} tokens; at most {prompt_len + room - 1} "
+                f"fit (shorten the message by at least {1 - room} tokens), so that {parts} fit {context}"
+            )
         raise CLIError(
             f"--prompt: {prompt_len} tokens; expected at most {prompt_len + room - 1} tokens, so that "
             f"{parts} fit {context}"

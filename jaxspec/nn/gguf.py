@@ -39,6 +39,7 @@ Needs the ``gguf`` package (``pip install 'jaxspec[gguf]'``); :func:`is_gguf_fil
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.gguf_reader import open_reader
 from jaxspec.nn.model import Transformer
 from jaxspec.nn.rope import RopeScaling
 from jaxspec.nn.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
@@ -287,10 +289,8 @@ def _reader(path_or_reader, fn: str):
         raise FileNotFoundError(f"{fn}: GGUF file {str(path)!r} does not exist")
     if not is_gguf_file(path):
         raise ValueError(f"{fn}: {path} is not a GGUF file (its first bytes are not b'GGUF')")
-    try:
-        return gguf.GGUFReader(path), path
-    except (ValueError, IndexError, KeyError) as e:
-        raise ValueError(f"{fn}: {path} is not a valid GGUF file: {e}") from None
+    return open_reader(path, fn), path
+
 
 
 def gguf_config(path_or_reader, *, dtype: str | None = None, max_context: int | None = None) -> ModelConfig:
@@ -317,25 +317,88 @@ def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
     tensors = {t.name: t for t in reader.tensors}
     try:
         kwargs = GGUF_ARCHITECTURES[arch](meta, tensors)
-        vocab = meta.get(f"{arch}.vocab_size")
+        _check_block_count(arch, kwargs["num_hidden_layers"], tensors)
+        vocab, vocab_key = meta.get(f"{arch}.vocab_size"), f"{arch}.vocab_size"
         if vocab is None and "tokenizer.ggml.tokens" in reader.fields:
             vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+            vocab_key = "the length of tokenizer.ggml.tokens"
         if vocab is None and "token_embd.weight" in tensors:
             vocab = int(tensors["token_embd.weight"].shape[-1])  # GGUF dims: [D, V]
+            vocab_key = "the rows of token_embd.weight"
         if vocab is None:
             raise ValueError(f"no {arch}.vocab_size, token list or token_embd.weight to read the vocabulary size from")
-        eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
-        eos = list(dict.fromkeys(eos))  # distinct, in order
-        config = ModelConfig(
-            **kwargs,
-            vocab_size=vocab,
-            tie_word_embeddings="output.weight" not in tensors,
-            eos_token_id=eos[0] if len(eos) == 1 else tuple(eos) or None,
-            dtype=dtype,
-        )
+        eos = _end_ids(meta, vocab, f"{fn}: {path}")
+        try:
+            config = ModelConfig(
+                **kwargs,
+                vocab_size=vocab,
+                tie_word_embeddings="output.weight" not in tensors,
+                eos_token_id=eos[0] if len(eos) == 1 else tuple(eos) or None,
+                dtype=dtype,
+            )
+        except ValueError as e:  # ModelConfig names its field: name the file's key instead
+            raise ValueError(_in_keys(str(e), arch, meta, vocab_key)) from None
     except ValueError as e:
         raise ValueError(f"{fn}: {path}: {e}") from None
     return cap_context(config, max_context)
+
+
+def _check_block_count(arch: str, n, tensors: Mapping[str, Any]) -> None:
+    """``{arch}.block_count`` against the blocks whose tensors the file holds, before a model
+    of that many layers is built (a 2-layer file claiming 100,000 layers built them for minutes)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not tensors:  # a non-integer: ModelConfig names it
+        return
+    held = {int(name.split(".")[1]) for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()}
+    if held == set(range(n)):
+        return
+    if held == set(range(len(held))):
+        raise ValueError(f"{arch}.block_count = {n}: the file holds the tensors of {len(held)} blocks "
+                         f"(blk.0 to blk.{len(held) - 1}); expected {len(held)}")
+    shown = sorted(held)
+    shown = ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
+    raise ValueError(f"{arch}.block_count = {n}: the file holds the tensors of blocks {shown or 'none'}; "
+                     f"expected the tensors of blocks blk.0 to blk.{n - 1}")
+
+
+def _end_ids(meta: Mapping[str, Any], vocab: int, where: str) -> list:
+    """``tokenizer.ggml.eos_token_id`` and ``eot_token_id``, distinct, in order; an id outside
+    the vocabulary is dropped with a one-line warning (llama.cpp ignores it, transformers loads
+    such configs)."""
+    out = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+        if key not in meta:
+            continue
+        v = meta[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+            warnings.warn(f"{where}: {key} = {v!r} is not an id in [0, {vocab}); ignored", stacklevel=4)
+            continue
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def _in_keys(message: str, arch: str, meta: Mapping[str, Any], vocab_key: str) -> str:
+    """A ``ModelConfig.<field> ...`` refusal with the field written as the GGUF key it was read
+    from (``ModelConfig.num_attention_heads = 0`` -> ``llama.attention.head_count = 0``)."""
+    keys = {
+        "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+        "num_hidden_layers": "block_count", "num_attention_heads": "attention.head_count",
+        "num_key_value_heads": ("attention.head_count_kv" if f"{arch}.attention.head_count_kv" in meta
+                                else "attention.head_count"),
+        "rope_theta": "rope.freq_base", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+        "max_position_embeddings": "context_length", "sliding_window": "attention.sliding_window",
+        "attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping",
+    }
+    named = {f: f"{arch}.{k}" for f, k in keys.items()}
+    named["head_dim"] = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in meta
+                         else f"{arch}.embedding_length / {arch}.attention.head_count")
+    named["vocab_size"] = vocab_key
+    prefix = "ModelConfig."
+    if not message.startswith(prefix):
+        return message
+    field = message[len(prefix):].split(" ", 1)[0].split("[", 1)[0]
+    if field not in named:
+        return message
+    return f"{named[field]}{message[len(prefix) + len(field):]} (ModelConfig.{field})"
 
 
 # ----------------------------------------------------------------------------- tensors

@@ -27,7 +27,10 @@ Control tokens (``token_type`` 3) become special added tokens, matched whole in 
 skipped by :meth:`~GGUFTokenizer.decode`; user-defined ones (4) are matched whole and decoded.
 The chat template renders in a sandboxed ``jinja2`` environment set up the way ``transformers``
 sets up its own, so :meth:`~GGUFTokenizer.apply_chat_template` renders what
-``transformers``' ``apply_chat_template(..., tokenize=False)`` renders.
+``transformers``' ``apply_chat_template(..., tokenize=False)`` renders. The template is a
+stranger's code: the sandbox bounds ``range``, ``*``, ``**`` and the rendered length
+(``TEMPLATE_MAX_*``), and any failure of it (a limit, a recursion, an undefined name, no text
+at all) is a ``ValueError`` "the chat template of FILE failed: ...".
 
 ``gguf``, ``tokenizers`` and ``jinja2`` are imported when a file is loaded (the ``gguf`` extra).
 """
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxspec.nn.hf_tokenizer import HFTokenizer
+from jaxspec.nn.tokenizer import check_utf8
 
 __all__ = [
     "GGUFTokenizer",
@@ -103,11 +107,10 @@ def _import(name: str):
 
 def _read_metadata(path: Path) -> dict[str, Any]:
     """The file's ``tokenizer.*`` keys and ``general.architecture``, as Python values."""
-    gguf = _import("gguf")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # bad magic, truncated file: gguf raises ValueError / struct errors
-        raise ValueError(f"load_gguf_tokenizer: {path} is not a readable GGUF file: {e}") from None
+    from jaxspec.nn.gguf_reader import open_reader
+
+    _import("gguf")
+    reader = open_reader(path, "load_gguf_tokenizer")  # a truncated file names the tensor cut short
     return {
         key: field.contents()
         for key, field in reader.fields.items()
@@ -190,19 +193,30 @@ class GGUFTokenizer(HFTokenizer):
         messages = _check_messages(messages, where)
         if self.chat_template is None:
             raise ValueError(f"{where}: {self.source} has no chat template (no tokenizer.chat_template key)")
+        failed = f"{where}: the chat template of {self.source} failed"
         if self._template is None:
-            self._template = _compile_template(self.chat_template)
+            self._template = _compile_template(self.chat_template, failed)
         names = {f"{name}_token": text for name, text in self._token_strings.items()}
         try:
-            return self._template.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=bool(add_generation_prompt), **names)
-        except _import("jinja2").exceptions.TemplateError as e:  # raise_exception(...) in the template
+            return _render(self._template, dict(messages=messages, tools=None, documents=None,
+                                                add_generation_prompt=bool(add_generation_prompt), **names))
+        except _Refused as e:  # raise_exception(...) in the template: it refuses these messages
             raise ValueError(f"{where}: the chat template of {self.source} refuses messages: {e}") from None
+        except RecursionError:
+            raise ValueError(f"{failed}: it recursed too deeply (a macro that calls itself?)") from None
+        except MemoryError:
+            raise ValueError(f"{failed}: it ran out of memory") from None
+        except Exception as e:  # noqa: BLE001 - the template is the file's code: any failure is its own
+            raise ValueError(f"{failed}: {type(e).__name__}: {e}") from None
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
         """Ids of :meth:`apply_chat_template`'s text, its control tokens as single ids and no BOS
         beyond the template's own: ``transformers``' ``apply_chat_template(messages)``."""
-        return self._encode_text(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+        ids = self._encode_text(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+        if not ids:
+            raise ValueError(f"GGUFTokenizer.encode_chat: the chat template of {self.source} failed: it rendered "
+                             "no text for these messages")
+        return ids
 
     def __repr__(self) -> str:
         return f"GGUFTokenizer({self.source!r}, model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size})"
@@ -221,6 +235,7 @@ def _check_messages(messages, where: str) -> list[dict[str, Any]]:
         for key in ("role", "content"):
             if not isinstance(m.get(key), str):
                 raise ValueError(f"{where}: messages[{i}][{key!r}] = {_short(m.get(key))}; expected a str")
+            check_utf8(m[key], f"{where}: messages[{i}][{key!r}]")
         out.append({k: v for k, v in m.items() if v is not None})
     return out
 
@@ -230,27 +245,74 @@ def _short(value: Any, limit: int = 80) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def _compile_template(source: str):
+#: limits of the sandbox a chat template renders in: the longest ``range`` (jinja2's sandbox
+#: refuses longer ones), the longest string or list a ``*`` may build, the largest power a
+#: ``**`` may compute, and the most characters a rendering may produce
+TEMPLATE_MAX_RANGE = 100_000
+TEMPLATE_MAX_ITEMS = 1_000_000
+TEMPLATE_MAX_POWER_BITS = 4096
+TEMPLATE_MAX_CHARS = 4_000_000
+
+
+class _Refused(Exception):
+    """``raise_exception(message)`` in a template: it refuses the messages."""
+
+
+def _render(template, context: dict) -> str:
+    """``template`` rendered over ``context``, stopped past :data:`TEMPLATE_MAX_CHARS`."""
+    out, n = [], 0
+    for piece in template.generate(**context):
+        n += len(piece)
+        if n > TEMPLATE_MAX_CHARS:
+            raise OverflowError(f"it rendered more than {TEMPLATE_MAX_CHARS} characters")
+        out.append(piece)
+    return "".join(out)
+
+
+def _compile_template(source: str, failed: str):
     """The template in a sandboxed environment set up as ``transformers``' chat templates are:
     ``trim_blocks`` / ``lstrip_blocks``, loop controls, a ``tojson`` that leaves non-ASCII and HTML
-    characters alone, ``raise_exception`` and ``strftime_now``."""
+    characters alone, ``raise_exception`` and ``strftime_now``; with the limits above on ``range``,
+    ``*`` and ``**`` (the file's template is code a stranger wrote). ``failed`` starts the message
+    of a template that does not parse."""
     jinja2 = _import("jinja2")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class Limited(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and all(isinstance(x, int) for x in (left, right)) and right > 0 and \
+                    abs(left) > 1 and right * max(abs(left), 2).bit_length() > TEMPLATE_MAX_POWER_BITS:
+                raise SecurityError(f"{left!r} ** {right!r} exceeds the sandbox's {TEMPLATE_MAX_POWER_BITS} bits")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > TEMPLATE_MAX_ITEMS:
+                        raise SecurityError(f"a {type(seq).__name__} of {len(seq)} times {n} exceeds the sandbox's "
+                                            f"{TEMPLATE_MAX_ITEMS} items")
+            return super().call_binop(context, operator, left, right)
 
     def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+        raise _Refused(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    def bounded_range(*args):
+        r = range(*args)
+        if len(r) > TEMPLATE_MAX_RANGE:
+            raise SecurityError(f"range({', '.join(map(repr, args))}) has {len(r)} items; the sandbox allows {TEMPLATE_MAX_RANGE}")
+        return r
+
+    env = Limited(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["range"] = bounded_range
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ValueError(f"GGUFTokenizer.apply_chat_template: the file's chat template does not parse: {e}") from None
+        raise ValueError(f"{failed}: it does not parse: {e}") from None
 
 
 def _token_id(meta: dict[str, Any], key: str, n_tokens: int, default: int | None, where: str) -> int | None:

@@ -28,13 +28,25 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["BaseTokenizer", "ByteTokenizer", "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "NUM_BYTES"]
+__all__ = ["BaseTokenizer", "ByteTokenizer", "check_utf8", "BOS_ID", "EOS_ID", "PAD_ID", "VOCAB_SIZE", "NUM_BYTES"]
 
 NUM_BYTES = 256
 BOS_ID = 256
 EOS_ID = 257
 PAD_ID = 258
 VOCAB_SIZE = 264  # 259 used ids, padded to a multiple of 8
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Refuse a str that is not valid UTF-8 text: a lone surrogate (``"\\udcff"``, what Python
+    decodes undecodable bytes into) has no UTF-8 form, and ``tokenizers`` raised a bare
+    ``TypeError`` on it. ``what`` names the text (``"HFTokenizer.encode: text"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start:e.end]
+        raise ValueError(f"{what} is not valid UTF-8: {bad!r} at position {e.start} is a lone surrogate, which "
+                         "has no UTF-8 form") from None
 
 
 class BaseTokenizer:
@@ -52,6 +64,7 @@ class BaseTokenizer:
         where = f"{type(self).__name__}.encode"
         if not isinstance(text, str):
             raise ValueError(f"{where}: text is a {type(text).__name__}; expected a str")
+        check_utf8(text, f"{where}: text")
         ids = self._encode_text(text)
         for flag, name in ((add_bos, "bos"), (add_eos, "eos")):
             if flag and getattr(self, f"{name}_id") is None:

@@ -1,0 +1,164 @@
+"""Hostile inputs, third round (issue 50): the newer surfaces. GGUF files whose metadata lies
+about the tensors, or that are cut short; chat templates that fail, recurse or render nothing;
+lone surrogates in chat messages; a ``--chat`` message longer than the context; user drafters
+whose ``check`` answers nothing; ``verify --samples`` past the block limit; ``JAX_PLATFORMS``
+naming a platform the machine lacks, and any unexpected error of the command line. Each is
+refused at the boundary with one line naming the key, flag or file, the value and what was
+expected (exit 2 on the command line; 1 for an internal error)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from _gguf_writer import write_gguf  # noqa: E402
+from jaxspec.cli import main  # noqa: E402
+from jaxspec.nn.checkpoint import config_to_hf, load_model  # noqa: E402
+from jaxspec.nn.config import ModelConfig  # noqa: E402
+from jaxspec.nn.gguf import gguf_config  # noqa: E402
+from jaxspec.nn.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
+from test_gguf import SMALL, _hf_tensors  # noqa: E402
+
+HERE = Path(__file__).parent
+TIMEOUT = 600
+
+
+def _gguf(tmp_path, name: str = "m", **kw) -> Path:
+    """A 2-layer llama GGUF file (hidden 64, vocab 300, context 128) with ``kw`` passed to
+    the writer (``metadata=``, ``raw=``)."""
+    cfg = ModelConfig(**SMALL)
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, _hf_tensors(cfg), config_to_hf(cfg), **kw)
+    return path
+
+
+# ----------------------------------------------------------------------------- GGUF metadata
+
+def test_gguf_block_count_beyond_its_tensors_is_refused_by_key(tmp_path):
+    """``llama.block_count = 100000`` in a 2-layer file: the loader built a model of 100,000
+    layers before looking for block 2's tensors (no output after 150 s). The count is checked
+    against the blocks the file holds first, naming the key."""
+    path = _gguf(tmp_path, metadata={"llama.block_count": 100000})
+    want = (r"llama\.block_count = 100000: the file holds the tensors of 2 blocks \(blk\.0 to blk\.1\); "
+            r"expected 2")
+    for fn in (gguf_config, load_model):
+        with pytest.raises(ValueError, match=want):
+            fn(path)
+    fewer = _gguf(tmp_path, "fewer", metadata={"llama.block_count": 1})  # blk.1's tensors left over
+    with pytest.raises(ValueError, match=r"llama\.block_count = 1: .* 2 blocks .*expected 2"):
+        gguf_config(fewer)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("llama.attention.head_count", 0, "llama.attention.head_count = 0: expected a positive integer"),
+    ("llama.context_length", 0, "llama.context_length = 0: expected a positive integer"),
+    ("llama.attention.layer_norm_rms_epsilon", 2.0, "llama.attention.layer_norm_rms_epsilon = 2.0: expected a "
+                                                    "number in (0, 1)"),
+    ("llama.attention.head_count_kv", 3, "llama.attention.head_count_kv = 3: expected a divisor"),
+])
+def test_gguf_metadata_errors_name_the_key(tmp_path, key, value, needle):
+    """A bad metadata value was named by the ModelConfig field it became
+    (``ModelConfig.num_attention_heads = 0``); now by the file's key."""
+    path = _gguf(tmp_path, metadata={key: value})
+    with pytest.raises(ValueError) as e:
+        gguf_config(path)
+    assert needle in str(e.value) and str(path) in str(e.value), str(e.value)
+
+
+def test_gguf_eos_outside_the_vocabulary_is_ignored_with_one_warning(tmp_path):
+    """The whole file was refused (``ModelConfig.eos_token_id = 5000``); llama.cpp ignores such
+    an id with a warning and transformers loads the config: so does jaxspec, in one line."""
+    path = _gguf(tmp_path, metadata={"tokenizer.ggml.eos_token_id": 5000})
+    with pytest.warns(UserWarning) as record:
+        cfg = gguf_config(path)
+    assert cfg.eos_token_id is None
+    msgs = [str(w.message) for w in record]
+    assert len(msgs) == 1 and "\n" not in msgs[0], msgs
+    assert f"{path}: tokenizer.ggml.eos_token_id = 5000 is not an id in [0, 300); ignored" in msgs[0]
+
+
+def test_truncated_gguf_names_the_tensor_and_the_bytes(tmp_path, capsys):
+    """A file cut short read ``cannot reshape array of size 3032 into shape (64,96)``; now the
+    tensor, the bytes it needs and where, and the file's size (the model and tokenizer loaders,
+    and the command line, exit 2)."""
+    whole = _gguf(tmp_path).read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    want = rf"{cut}: truncated: tensor '[\w.]+' needs \d+ bytes at offset \d+, the file has {len(whole) * 2 // 3}"
+    with pytest.raises(ValueError, match=want):
+        load_model(cut)
+    with pytest.raises(ValueError, match=want):
+        load_gguf_tokenizer(cut)
+    code = main(["generate", "--target", str(cut), "--baseline", "--prompt", "hi", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "truncated: tensor" in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- chat templates
+
+_TEMPLATES = {
+    "range": ("{% for i in range(10**9) %}x{% endfor %}", "range(1000000000) has 1000000000 items"),
+    "recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+    "nothing": ("{% if false %}x{% endif %}", "rendered no text"),
+    "string": ("{{ 'x' * 10**9 }}", "exceeds the sandbox's 1000000 items"),
+    "power": ("{{ 2 ** 100000000 }}", "exceeds the sandbox's 4096 bits"),
+    "output": ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+               "rendered more than 4000000 characters"),
+    "syntax": ("{% for %}", "does not parse"),
+    "undefined": ("{{ foo.bar }}", "UndefinedError: 'foo' is undefined"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TEMPLATES))
+def test_failing_chat_template_is_named(tmp_path, case):
+    """A template that loops 10**9 times gave jinja2's ``OverflowError`` traceback, one that
+    recurses ``maximum recursion depth exceeded`` naming nothing, one that renders nothing
+    ``prompt_length = 0``. Rendered in a sandbox with limits, each failure is "the chat
+    template of FILE failed: ..."."""
+    source, needle = _TEMPLATES[case]
+    path = _gguf(tmp_path, metadata={"tokenizer.chat_template": source})
+    tok = load_gguf_tokenizer(path)
+    with pytest.raises(ValueError) as e:
+        tok.encode_chat([{"role": "user", "content": "hi"}])
+    assert f"the chat template of {path} failed: " in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_failing_chat_template_on_the_command_line(tmp_path, capsys):
+    path = _gguf(tmp_path, metadata={"tokenizer.chat_template": _TEMPLATES["recursion"][0]})
+    code = main(["generate", "--target", str(path), "--baseline", "--chat", "hi", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("jaxspec generate: error: --chat: ") and f"the chat template of {path} failed" in err, err
+
+
+def test_lone_surrogate_in_a_chat_message_is_named(tmp_path):
+    """``encode_chat`` raised ``TypeError: TextInputSequence must be str`` for a str message
+    holding a lone surrogate; ``encode`` too. Now: not valid UTF-8, and where."""
+    path = _gguf(tmp_path, metadata={"tokenizer.chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"})
+    tok = load_gguf_tokenizer(path)
+    with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] is not valid UTF-8: '\\udcff' at position 2 "
+                                         r"is a lone surrogate"):
+        tok.encode_chat([{"role": "user", "content": "ab\udcffc"}])
+    with pytest.raises(ValueError, match=r"GGUFTokenizer\.encode: text is not valid UTF-8: '\\udcff' at position 1"):
+        tok.encode("a\udcff")
+    from jaxspec.nn.tokenizer import ByteTokenizer
+
+    with pytest.raises(ValueError, match=r"ByteTokenizer\.encode: text is not valid UTF-8"):
+        ByteTokenizer().encode("a\udcff")
+
+
+def test_long_chat_message_names_chat_and_the_room_left(tmp_path, capsys):
+    """A ``--chat`` message longer than the context was refused as ``--prompt: 16699 tokens``."""
+    path = _gguf(tmp_path, metadata={"tokenizer.chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"})
+    code = main(["generate", "--target", str(path), "--baseline", "--chat", "hello " * 200, "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--prompt" not in err and "error: --chat: the message in the chat template is " in err, err
+    assert "at most 127 fit (shorten the message by at least" in err and "context of 128 tokens" in err, err
