@@ -162,3 +162,31 @@ def test_long_chat_message_names_chat_and_the_room_left(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1, err
     assert "--prompt" not in err and "error: --chat: the message in the chat template is " in err, err
     assert "at most 127 fit (shorten the message by at least" in err and "context of 128 tokens" in err, err
+
+
+# ----------------------------------------------------------------------------- a user's drafter
+
+@pytest.mark.parametrize("answer", [None, "sideways"])
+def test_user_drafter_whose_check_answers_no_scheme_is_named(answer):
+    """A drafter whose ``check`` returned None (or a string that is no scheme) got ``scheme =
+    None: expected one of ...``, naming neither the drafter nor ``check``."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    import jaxspec
+    from _tiny import tiny_pair
+    from _user_drafter import Bigram
+
+    @dataclasses.dataclass(frozen=True)
+    class Silent(Bigram):
+        def check(self, target, request):
+            super().check(target, request)
+            return answer
+
+    target, _ = tiny_pair(0, vocab_size=8)
+    holder = type("Holder", (), {"to_drafter": lambda self: (Silent(8), np.zeros((8, 8), np.float32))})()
+    with pytest.raises(ValueError, match=rf"^draft: Silent\.check returned {answer!r}; expected the sibling scheme "
+                                         r"it will draw with, one of 'iid', "):
+        jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], max_new_tokens=2, tree="chain:2")

@@ -20,7 +20,7 @@ from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.combinations import check_settings
 from jaxspec.decode.drafter import Drafter, DraftRequest
 from jaxspec.decode.inputs import position_limit
-from jaxspec.decode.output_checks import check_rule_output, is_library_code
+from jaxspec.decode.output_checks import check_drafter_scheme, check_rule_output, is_library_code
 from jaxspec.decode.round import RoundConfig, RoundParts
 from jaxspec.nn import sharding
 from jaxspec.nn.model import Transformer, check_transformer
@@ -232,7 +232,7 @@ def build_config(
     shown = {"tree": tree} if isinstance(tree, str) else None  # a spec is named as the caller wrote it
     check_settings(shown, tree=spec, scheme=scheme, rule=rule, mesh=mesh, rows=rows)  # before the drafter's own
     scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, draft_sampling))  # the drafter's refusals
-    core_sampling.check_scheme(scheme)
+    check_drafter_scheme(drafter, scheme)  # a caller's drafter may answer None: named with its check
     check_settings(shown, tree=spec, scheme=scheme, rule=rule, vocab_size=v)  # with the scheme the drafter chose
     dlaw = draft_law(scheme, law, draft_sampling)
     capacity = int(prompt_length) + m + spec.cache_slots + 1

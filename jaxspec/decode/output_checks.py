@@ -21,7 +21,7 @@ from jaxspec.core.rule_types import AcceptResult
 from jaxspec.decode.drafter import Context, DraftLaw, Outcome, Prompt, Proposal
 from jaxspec.nn.cache import KVCache
 
-__all__ = ["is_library_code", "check_rule_output", "check_drafter_output"]
+__all__ = ["is_library_code", "check_rule_output", "check_drafter_output", "check_drafter_scheme"]
 
 
 def is_library_code(obj) -> bool:
@@ -48,6 +48,18 @@ def _expect(owner: str, field: str, got, shape, dtype, where: str) -> None:
             or jnp.dtype(got.dtype) != jnp.dtype(dtype):
         raise ValueError(f"{owner}: {field} = {_what(got)}; expected {jnp.dtype(dtype).name}"
                          f"{list(shape)} ({where})")
+
+
+def check_drafter_scheme(drafter, scheme) -> str:
+    """``scheme``, what ``drafter.check`` returned, if it is a sibling scheme; else
+    ``ValueError`` naming the drafter's class and its ``check`` (``check`` must return the
+    scheme it will draw with: the request's, or its own choice when the request has none)."""
+    from jaxspec.core.sampling import SCHEMES
+
+    if not isinstance(scheme, str) or scheme not in SCHEMES:
+        raise ValueError(f"draft: {type(drafter).__name__}.check returned {scheme!r}; expected the sibling scheme "
+                         f"it will draw with, one of {', '.join(map(repr, SCHEMES))} (see jaxspec.Drafter.check)")
+    return scheme
 
 
 @functools.lru_cache(maxsize=64)
