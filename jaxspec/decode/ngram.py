@@ -54,9 +54,10 @@ class NgramDraft:
     model (``jaxspec generate --draft ngram``). Hashable: part of the compiled
     configuration.
 
-    max_ngram:  the longest suffix matched (a longer match ranks first).
-    min_ngram:  the shortest suffix that counts as a match (below it: no match).
-    candidates: match positions considered per row and round (the best-ranked ones).
+    Attributes:
+      max_ngram:  the longest suffix matched (a longer match ranks first).
+      min_ngram:  the shortest suffix that counts as a match (below it: no match).
+      candidates: match positions considered per row and round (the best-ranked ones).
     """
 
     max_ngram: int = 3
