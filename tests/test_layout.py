@@ -617,7 +617,7 @@ def test_design_command_line_matches_the_cli():
 # jaxspec.cli.build_parser() at the reorganisation (issue 20, step 1). A flag removed or
 # renamed fails here; a flag added needs this snapshot updated (on purpose).
 CLI_SNAPSHOT = {
-    "": (["--help", "--version", "-h"], []),
+    "": (["--debug", "--help", "--version", "-h"], []),
     "train": ([
         "--batch-size", "--checkpoint-every", "--clip-norm", "--context", "--eval-every", "--eval-windows",
         "--export", "--heads", "--help", "--hidden-size", "--intermediate-size", "--kv-heads", "--layers", "--lr",

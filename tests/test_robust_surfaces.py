@@ -190,3 +190,58 @@ def test_user_drafter_whose_check_answers_no_scheme_is_named(answer):
     with pytest.raises(ValueError, match=rf"^draft: Silent\.check returned {answer!r}; expected the sibling scheme "
                                          r"it will draw with, one of 'iid', "):
         jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], max_new_tokens=2, tree="chain:2")
+
+
+# ----------------------------------------------------------------------------- the command line's last resort
+
+def _failing_command(exc: BaseException):
+    from jaxspec.cli import Command
+
+    def setup(p):
+        return lambda args: (_ for _ in ()).throw(exc)
+
+    return Command("boom", "fails", setup)
+
+
+def test_unexpected_error_is_one_line_with_the_debug_hint(capsys):
+    """An exception the command line did not expect printed a raw traceback; now one line
+    naming it and ``--debug``, exit 1; ``jaxspec --debug`` prints the traceback too."""
+    commands = [_failing_command(KeyError("some_key"))]
+    assert main(["boom"], commands=commands) == 1
+    err = capsys.readouterr().err
+    assert err == ("jaxspec boom: internal error: KeyError: 'some_key' (jaxspec --debug boom ... prints the "
+                   "traceback)\n"), err
+    assert main(["--debug", "boom"], commands=commands) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.endswith("internal error: KeyError: 'some_key'\n"), err
+    # a device or machine failure: its first line, and the hint when there is more
+    assert main(["boom"], commands=[_failing_command(RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore"))]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: RESOURCE_EXHAUSTED: out of memory (jaxspec --debug" in err, err
+
+
+def test_library_warnings_are_one_line_on_the_command_line(tmp_path, capsys):
+    """A GGUF whose EOS id is outside the vocabulary loads with a warning of one line (Python
+    adds the file, the line and the source line)."""
+    path = _gguf(tmp_path, metadata={"tokenizer.ggml.eos_token_id": 5000})
+    code = main(["generate", "--target", str(path), "--baseline", "--prompt", "hi", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    lines = [ln for ln in err.splitlines() if "eos_token_id = 5000" in ln]
+    assert lines and all(ln.startswith("warning: ") for ln in lines), err
+    assert "UserWarning" not in err and "warnings.warn" not in err, err
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"), reason="a CUDA device here")
+@pytest.mark.parametrize("cmd", [["generate", "--prompt", "hi", "--max-new-tokens", "2"],
+                                 ["verify", "--samples", "100", "--no-progress"]])
+def test_jax_platforms_naming_a_missing_platform(cmd):
+    """``JAX_PLATFORMS=cuda`` on a machine without CUDA: a 58-line traceback ending in a bare
+    ``AssertionError``; now one line naming the variable and the platforms that start, exit 2."""
+    env = dict(os.environ, JAX_PLATFORMS="cuda")
+    r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *cmd], capture_output=True, text=True, env=env,
+                       timeout=TIMEOUT)
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (f"jaxspec {cmd[0]}: error: JAX_PLATFORMS=cuda: JAX could not start cuda; the platforms available here: "
+            "cpu" in r.stderr), r.stderr

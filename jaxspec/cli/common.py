@@ -35,6 +35,7 @@ __all__ = [
     "warn_if_head_for_another_target",
     "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
     "utf8_text", "resolve_tokenizer", "check_tokenizer_fits", "FLAGS", "in_flags", "flag_sampling",
+    "jax_platform_failure",
 ]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -55,18 +56,20 @@ class CLIError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One subcommand: its name, its one-line help, and ``setup(parser) -> handler``."""
+    """One subcommand: its name, its one-line help, ``setup(parser) -> handler``, and the exit
+    status of an unexpected error (1; ``verify`` keeps 1 for "a test rejected" and uses 2)."""
 
     name: str
     help: str
     setup: Callable[[argparse.ArgumentParser], Handler]
+    error_status: int = 1
 
 
-def command(name: str, *, help: str):  # noqa: A002 (argparse's word)
+def command(name: str, *, help: str, error_status: int = 1):  # noqa: A002 (argparse's word)
     """Decorator: ``setup(parser) -> handler`` becomes the :class:`Command` ``name``."""
 
     def wrap(setup: Callable[[argparse.ArgumentParser], Handler]) -> Command:
-        return Command(name, help, setup)
+        return Command(name, help, setup, error_status)
 
     return wrap
 
@@ -323,3 +326,42 @@ def check_tokenizer_fits(flag: str, name: str, tok, vocab_size: int, *, alternat
         raise CLIError(
             f"{flag} {name}: its tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}"
         )
+
+def jax_platform_failure(e: BaseException) -> str | None:
+    """The line for an exception raised while JAX started the backends ``JAX_PLATFORMS``
+    names (jax 0.10 raises a bare ``AssertionError`` for ``cuda`` on a machine without a
+    GPU), naming the variable and the platforms that do start here; None for any other
+    exception: where JAX's backends start now, the exception was not theirs (JAX filters its
+    own frames out of tracebacks, so the frames cannot tell). The platforms are found by a
+    separate Python process without the variable, so that this process's JAX is left as it was."""
+    import subprocess
+    import sys
+
+    wanted = os.environ.get("JAX_PLATFORMS", "").strip()
+    if not wanted or "jax" not in sys.modules:
+        return None
+    try:
+        sys.modules["jax"].devices()
+        return None  # the backends start: another failure
+    except Exception:  # noqa: BLE001 - whatever JAX raises for a platform it cannot start
+        pass
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    probe = ("import jax\n"
+             "ok = []\n"
+             "for p in ('cpu', 'cuda', 'rocm', 'tpu'):\n"
+             "    try:\n"
+             "        jax.devices(p); ok.append(p)\n"
+             "    except Exception:\n"
+             "        pass\n"
+             "print(','.join(ok))\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        found = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError):
+        found = ""
+    where = f"the platforms available here: {found.replace(',', ', ')}" if found else \
+        "no platform could be listed here"
+    why = str(e).strip().splitlines()
+    why = f" ({why[0]})" if why else ""  # jax's bare AssertionError says nothing
+    return (f"JAX_PLATFORMS={wanted}: JAX could not start {wanted}{why}; {where}; expected JAX_PLATFORMS "
+            "set to one of them, or unset")

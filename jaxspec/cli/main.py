@@ -2,7 +2,9 @@
 :func:`main`, which runs one and turns its errors into one line and an exit status.
 
 Exit statuses: 0 success; 2 bad input (``jaxspec <cmd>: error: <msg>``, never a
-traceback); 1 another runtime failure; 130 interrupted (Ctrl-C at any moment: one line
+traceback), also ``JAX_PLATFORMS`` naming a platform JAX cannot start here; 1 another runtime
+failure (one line; an unexpected exception says ``internal error`` and that ``jaxspec --debug
+<cmd>`` prints its traceback); 130 interrupted (Ctrl-C at any moment: one line
 ``jaxspec <cmd>: interrupted``); a subcommand may define more (``jaxspec verify``: 1
 rejected, 3 inconclusive).
 """
@@ -16,12 +18,14 @@ import signal
 import sys
 import threading
 import time
+import traceback
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
 from jaxspec.cli import bench, export, generate, train, verify
 from jaxspec.errors import SettingError
-from jaxspec.cli.common import CLIError, Command, in_flags
+from jaxspec.cli.common import CLIError, Command, in_flags, jax_platform_failure
 
 __all__ = ["COMMANDS", "EXIT_INTERRUPTED", "build_parser", "main"]
 
@@ -47,6 +51,8 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     from jaxspec import __version__
 
     parser.add_argument("--version", action="version", version=f"jaxspec {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error, print its traceback (jaxspec --debug COMMAND ...)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     seen = set()
@@ -55,7 +61,7 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
             raise ValueError(f"command {c.name!r} is already registered")
         seen.add(c.name)
         p = sub.add_parser(c.name, help=c.help, description=c.help)
-        p.set_defaults(_handler=c.setup(p))
+        p.set_defaults(_handler=c.setup(p), _error_status=c.error_status)
     return parser
 
 
@@ -105,16 +111,43 @@ def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[st
         return e.code if isinstance(e.code, int) else 2
     name[0] = f"jaxspec {args.command}"
     try:
-        return int(args._handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning  # restored on leaving: the library's warnings, one line each
+            return int(args._handler(args) or 0)
     except SettingError as e:  # a library refusal, in the command line's words
         print(f"{name[0]}: error: {in_flags(e, args)}", file=sys.stderr)
         return 2
     except (CLIError, ValueError, FileNotFoundError) as e:
         print(f"{name[0]}: error: {e}", file=sys.stderr)
         return 2
-    except (OSError, FloatingPointError, RuntimeError) as e:
-        print(f"{name[0]}: error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:  # noqa: BLE001 - the last resort: one line, never a raw traceback unless asked
+        platforms = jax_platform_failure(e)
+        if platforms is not None:
+            print(f"{name[0]}: error: {platforms}", file=sys.stderr)
+            return 2
+        if args.debug:
+            traceback.print_exc()
+        hint = "" if args.debug else f" (jaxspec --debug {args.command} ... prints the traceback)"
+        if isinstance(e, (OSError, FloatingPointError, RuntimeError)):  # the machine or a device failed
+            whole = str(e).strip()
+            print(f"{name[0]}: error: {_first_line(e)}{hint if chr(10) in whole else ''}", file=sys.stderr)
+        else:
+            print(f"{name[0]}: internal error: {type(e).__name__}: {_first_line(e)}{hint}", file=sys.stderr)
+        return args._error_status
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` for the command line: ``warning: <message>``, without the
+    file, line and source line Python adds."""
+    try:
+        print(f"warning: {message}", file=sys.stderr if file is None else file)
+    except (OSError, ValueError, AttributeError):  # a closed stderr
+        pass
 
 
 def _program_name(argv: Sequence[str], commands: Sequence[Command]) -> str:

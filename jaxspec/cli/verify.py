@@ -38,6 +38,7 @@ from jaxspec.cli.common import (
     command,
     flag_mesh,
     flag_sampling,
+    jax_platform_failure,
     load_flag_model,
     mesh_flag,
     nonneg_float,
@@ -128,7 +129,8 @@ def _parse_prompt(text: str | None, vocab_size: int, target: str | None = None):
     return ids
 
 
-@command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)")
+@command("verify", help="test that speculative decoding samples exactly the target's law (chi-square, TV, acceptance)",
+         error_status=2)
 def verify_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.core.rules import CHOICES
     from jaxspec.core.sampling import SCHEMES
@@ -220,7 +222,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
         try:
             return _run(args)
         except (OSError, RuntimeError, FloatingPointError) as e:  # exit 1 means "a test rejected"
-            raise CLIError(str(e) or type(e).__name__) from None
+            raise CLIError(jax_platform_failure(e) or str(e) or type(e).__name__) from None
 
     return run
 
