@@ -223,15 +223,20 @@ def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
     return p
 
 
-def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | None = None):
-    """``load_model(name, dtype=dtype)`` for a command's flag (``draft=True``: ``load_draft``,
+#: ``--quantize`` choices: :data:`jaxspec.nn.quant.QUANTIZE_MODES` (not imported here: it imports JAX)
+QUANTIZE_MODES = ("int8",)
+
+
+def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | None = None,
+                    quantize: str | None = None):
+    """``load_model(name, dtype=dtype, quantize=quantize)`` for a command's flag (``draft=True``: ``load_draft``,
     which also loads a feature head); its errors name the flag that gave ``name`` (``--draft:
     load_model: unknown model 'foo'; ...``), and a missing package (``gguf`` for a GGUF file)
     says what to install."""
     from jaxspec.nn.checkpoint import load_draft, load_model
 
     try:
-        return (load_draft if draft else load_model)(name, dtype=dtype)
+        return (load_draft if draft else load_model)(name, dtype=dtype, quantize=quantize)
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise CLIError(f"{flag}: {e}") from None
 
@@ -326,6 +331,7 @@ def check_tokenizer_fits(flag: str, name: str, tok, vocab_size: int, *, alternat
         raise CLIError(
             f"{flag} {name}: its tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {vocab_size}"
         )
+
 
 def jax_platform_failure(e: BaseException) -> str | None:
     """The line for an exception raised while JAX started the backends ``JAX_PLATFORMS``

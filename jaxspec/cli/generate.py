@@ -55,6 +55,7 @@ from jaxspec.cli.common import (
     flag_sampling,
     is_head_flag,
     load_flag_model,
+    QUANTIZE_MODES,
     mesh_flag,
     positive_int,
     resolve_tokenizer,
@@ -143,6 +144,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help=f"parameter dtype of the models (default {GGUF_DEFAULT_DTYPE} for GGUF targets, measured "
                         "faster on CPU: benchmarks/README.md; float32 otherwise)")
+    p.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+                   help="int8: int8 weights and activations in the models' linear layers and LM head (W8A8, "
+                        "docs/QUANTIZATION.md; float32 with a warning where int8 is not faster on this CPU)")
     p.add_argument("--draft", default=None,
                    help=f"draft model name or folder (default {DEFAULT_DRAFT} with the default target, "
                         "smollm2-135m-head with --target smollm2-135m; required with another --target, unless "
@@ -288,10 +292,11 @@ def _load(args, plan: _Plan) -> _Pair:
         if not is_head_flag("--draft", args.draft):  # a head reads the target's embedding: its tokenizer
             setup.check_same_tokenizer(tok, resolve_tokenizer("--draft", args.draft), args)
     ids, prompt_text = setup.prompt_ids(args, tok)
-    target = load_flag_model("--target", args.target, dtype=dtype)
+    target = load_flag_model("--target", args.target, dtype=dtype, quantize=args.quantize)
     draft = None
     if not args.baseline:
-        draft = plan.lookup or load_flag_model("--draft", args.draft, draft=True, dtype=dtype)
+        draft = plan.lookup or load_flag_model("--draft", args.draft, draft=True, dtype=dtype,
+                                               quantize=args.quantize)
         if plan.lookup is None:
             warn_if_head_for_another_target("--draft", args.draft, target, args.target)
             if draft.config.vocab_size != target.config.vocab_size:

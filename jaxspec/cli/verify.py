@@ -40,6 +40,7 @@ from jaxspec.cli.common import (
     flag_sampling,
     jax_platform_failure,
     load_flag_model,
+    QUANTIZE_MODES,
     mesh_flag,
     nonneg_float,
     positive_int,
@@ -90,6 +91,42 @@ def _count(s: str) -> int:
     if v > MAX_SAMPLES:
         raise too_large
     return v
+
+
+#: the smallest block size ``verify`` picks by itself (:data:`jaxspec.exactness.harness.CHUNK_MIN`)
+CHUNK_FLOOR = 256
+#: blocks are int32-indexed, one per device past the last (:func:`jaxspec.exactness.sample_counts.count_samples`)
+MAX_BLOCKS = 2**31 - 1
+
+
+def _most_samples(chunk: int, devices: int = 1) -> int:
+    return (MAX_BLOCKS + 1 - devices) * chunk
+
+
+def _check_blocks(args, chunk: int | None, devices: int | None = None) -> None:
+    """Refuse ``--samples`` that take more blocks of ``chunk`` samples (``--chunk-size``, or
+    the smallest default chunk, or the default the harness picks) than a block index holds,
+    naming both flags."""
+    if chunk is None:
+        return
+    if devices is None:
+        import jax
+
+        devices = int(args.mesh.shape["data"]) if args.mesh is not None else jax.device_count()
+    most = _most_samples(chunk, devices)
+    if args.samples <= most:
+        return
+    blocks = -(-args.samples // chunk)
+    if args.chunk_size is not None:
+        whose = f"--chunk-size {chunk}"
+    elif args.target is not None and chunk == CHUNK_FLOOR:
+        whose = f"no --chunk-size (a --target's default chunk can be {chunk})"
+    else:
+        whose = f"no --chunk-size (the default chunk for these models and tree is {chunk})"
+    need = -(-args.samples // (MAX_BLOCKS + 1 - devices))
+    raise CLIError(f"--samples {args.samples} and {whose}: {blocks} blocks; expected at most "
+                   f"{MAX_BLOCKS + 1 - devices} blocks (an int32 block index over {devices} device(s)): "
+                   f"--samples <= {most}, or --chunk-size >= {need}")
 
 
 _probability = arg_type(float, lambda x: 0.0 < x < 1.0, "a number in (0, 1)")
@@ -177,6 +214,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--draft", help="with --target: a draft model name or folder, a feature head, 'ngram' for "
                                    "prompt lookup or 'layers:K' for the target's first K layers (as jaxspec "
                                    "generate takes)")
+    g.add_argument("--quantize", choices=QUANTIZE_MODES, default=None,
+                   help="int8: test the W8A8 models (jaxspec.load_model(..., quantize='int8')), the tiny "
+                        "random pair too")
     g.add_argument("--prompt", type=utf8_text,
                    help="comma-separated token ids, or text (tokenized as jaxspec generate does: with the "
                         "--target folder's tokenizer.json, else as UTF-8 bytes for a 264-token vocabulary) "
@@ -186,7 +226,10 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
                         f"generate's, {PROMPT_BUCKET}); 'none': the prompt's own width (the same tokens, "
                         "tests/test_prompt_bucket.py, and cheaper to sample)")
     g = p.add_argument_group("statistics")
-    g.add_argument("--samples", type=_count, default=10**6, help="samples per run, at most 1e12 (default: 1e6)")
+    g.add_argument("--samples", type=_count, default=10**6,
+                   help="samples per run (default: 1e6), at most 1e12 and at most 2**31 - 1 blocks of --chunk-size "
+                        "samples: with a --target and no --chunk-size (whose default can be 256), at most "
+                        f"{_most_samples(CHUNK_FLOOR):.3g}")
     g.add_argument("--horizon", type=positive_int, default=3, help="tokens whose joint law is tested (default: 3)")
     g.add_argument("--method", choices=METHODS, default="auto",
                    help="enumerate: chi-square against the exact joint law (at most MAX_CELLS = 2**20 cells); "
@@ -217,6 +260,7 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         args.mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
+        _check_blocks(args, args.chunk_size or (CHUNK_FLOOR if args.target is not None else None))  # before loading
         if not args.no_compile_cache:
             enable_compilation_cache(store_programs=args.program_store)
         try:
@@ -266,17 +310,26 @@ def _run(args: argparse.Namespace) -> int:
     if args.target is not None:
         from jaxspec.cli.gen_setup import modelless_drafter
 
-        target, draft = load_flag_model("--target", args.target), modelless_drafter(args.draft)
+        target = load_flag_model("--target", args.target, quantize=args.quantize)
+        draft = modelless_drafter(args.draft)
         if draft is None:
-            draft = load_flag_model("--draft", args.draft, draft=True)
+            draft = load_flag_model("--draft", args.draft, draft=True, quantize=args.quantize)
             warn_if_head_for_another_target("--draft", args.draft, target, args.target)
     else:
         from jaxspec.exactness.harness import default_pair
+        from jaxspec.nn.quant import apply_quantize
 
-        target, draft = default_pair(0)
+        target, draft = (apply_quantize(m, args.quantize) for m in default_pair(0))
     vocab = target.config.vocab_size
     prompt = _parse_prompt(args.prompt, vocab, args.target)
     h = args.horizon
+    if args.chunk_size is None:  # the block size the harness will pick, checked before any compilation
+        import jax
+
+        from jaxspec.exactness.harness import default_chunk
+
+        devices = list(args.mesh.devices.flat) if args.mesh is not None else jax.devices()
+        _check_blocks(args, default_chunk(devices, target, draft, tree.num_nodes, h))
     try:
         report = verify(
             target, draft, tree=args.tree, scheme=args.scheme, rule=args.rule, sampling=sampling,

@@ -26,8 +26,8 @@ Numerics: parameters and the KV cache in ``config.dtype`` (float32 or bfloat16);
 residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits in
 float32. A quantized model (:func:`jaxspec.nn.quant.quantize_model`) has int8
 :class:`~jaxspec.nn.quant.QuantLinear` layers in place of every ``nnx.Linear`` and as its LM
-head (tied or not); the code below is the same. Masked scores use the most negative float32, so a fully masked row yields a
-uniform average over the cache instead of NaN.
+head (tied or not); the code below is the same. Masked scores use the most negative
+float32, so a fully masked row yields a uniform average over the cache instead of NaN.
 
 Parameter names map 1:1 onto Hugging Face tensors of every family (Phi-3's fused projections
 are split on load) (Linear kernels are
