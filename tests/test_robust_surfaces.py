@@ -245,3 +245,51 @@ def test_jax_platforms_naming_a_missing_platform(cmd):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (f"jaxspec {cmd[0]}: error: JAX_PLATFORMS=cuda: JAX could not start cuda; the platforms available here: "
             "cpu" in r.stderr), r.stderr
+
+
+# ----------------------------------------------------------------------------- verify --samples
+
+def test_verify_samples_past_the_block_limit_are_refused_by_flag(monkeypatch, capsys):
+    """``verify --samples 1e12`` (which ``--help`` allowed) exited after 13 s of loading with
+    ``num_samples = ...: 3906250000 blocks of chunk_size 256``, in library names. The block
+    count is checked from the flags before anything is loaded, naming ``--samples`` and
+    ``--chunk-size``; without ``--chunk-size``, the default chunk is checked before compiling."""
+    import jaxspec.cli.verify as cli_verify
+    import jaxspec.exactness.harness as harness
+
+    monkeypatch.setattr(cli_verify, "load_flag_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    want = ("3906250000 blocks; expected at most 2147483647 blocks (an int32 block index over 1 device(s)): "
+            "--samples <= 549755813632, or --chunk-size >= 466")
+    for argv, whose in [(["--chunk-size", "256"], "--chunk-size 256"),
+                        (["--target", "smollm2-135m", "--draft", "layers:2"],
+                         "no --chunk-size (a --target's default chunk can be 256)")]:
+        assert main(["verify", "--samples", "1e12", *argv, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"error: --samples 1000000000000 and {whose}: {want}" in err and err.count("\n") == 1, err
+    monkeypatch.setattr(harness, "default_chunk", lambda *a, **k: 256)  # the tiny pair's, on a costly tree
+    monkeypatch.setattr(harness, "verify", lambda *a, **k: pytest.fail("verify ran"))
+    assert main(["verify", "--samples", "1e12", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--samples 1000000000000 and no --chunk-size (the default chunk for these models and tree is 256)" in err
+    assert main(["verify", "--help"]) == 0  # --help states the limit that holds
+    assert "blocks of --chunk-size samples: with a --target and no --chunk-size (whose default can be 256), at " \
+           "most 5.5e+11" in " ".join(capsys.readouterr().out.split())
+
+
+def test_verify_refuses_too_many_cells_of_a_target_before_loading_it(monkeypatch, capsys):
+    """``verify --target smollm2-135m --method enumerate`` with too many cells was refused
+    after the model loaded (69 s on the reporter's machine): the vocabulary is read from the
+    file's metadata and the cells refused first, by flag."""
+    import jaxspec.cli.verify as cli_verify
+    from jaxspec.nn.packaged import packaged_file
+
+    try:
+        packaged_file("smollm2-135m")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(cli_verify, "load_flag_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    code = main(["verify", "--target", "smollm2-135m", "--draft", "layers:2", "--method", "enumerate", "--horizon",
+                 "2", "--top-k", "2000", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "error: --top-k 2000 and --horizon 2: min(top_k, the target's 49152 tokens) give up to 2000**2" in err, err

@@ -271,6 +271,22 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     return run
 
 
+def _config_vocab(name: str) -> int | None:
+    """The vocabulary size in the config of the model ``name`` (a GGUF file's metadata, a
+    folder's ``config.json``), read without its weights; None where it cannot be read (the
+    loader then names what is wrong)."""
+    from jaxspec.nn.checkpoint import read_config, resolve_model_path
+    from jaxspec.nn.gguf import gguf_config, is_gguf_source
+
+    try:
+        if is_gguf_source(name):
+            return gguf_config(resolve_model_path(name)).vocab_size
+        v = read_config(name).get("vocab_size")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    except (ValueError, OSError, ImportError):
+        return None
+
+
 def _laws(args, dynamic: bool):
     """The target's :class:`jaxspec.Sampling` from the flags, and the draft's: None when no
     ``--draft-*`` flag is given (the library's default), else each flag not given taken
@@ -307,6 +323,13 @@ def _run(args: argparse.Namespace) -> int:
     sampling, draft_sampling = _laws(args, isinstance(tree, DynamicTree))
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
+    if args.target is not None and args.method == "enumerate":  # the cells, from the config alone
+        from jaxspec.exactness.sampled import too_many_cells
+
+        vocab = _config_vocab(args.target)
+        refusal = None if vocab is None else too_many_cells(sampling, vocab, args.horizon)
+        if refusal is not None:
+            raise refusal  # named by flag by the command line's main
     if args.target is not None:
         from jaxspec.cli.gen_setup import modelless_drafter
 
