@@ -76,16 +76,18 @@ def test_unbroken_decoder_passes(small_report):
     print(r.summary())
     assert r.passed, r.summary()
     names = [t.name for t in r.tests]
-    assert names[:6] == [
+    assert names[:8] == [
         "joint chi2 vs exact",
         "position 1 chi2 vs exact",
         "position 2 chi2 vs exact",
         "position 3 chi2 vs exact",
         "joint two-sample chi2 vs target-only",
         "control: target-only joint chi2 vs exact",
+        "rows 2j, 2j+1: joint of 3 tokens vs product of exact marginals",
+        "rows 2j+1, 2j+2: joint of 3 tokens vs product of exact marginals",
     ]
-    assert names[6:] == ["acceptance at depth 1 (binomial)", "acceptance at depth 2 (binomial)"]
-    assert r.alpha_per_test == pytest.approx(1e-3 / 8)
+    assert names[8:] == ["acceptance at depth 1 (binomial)", "acceptance at depth 2 (binomial)"]
+    assert r.alpha_per_test == pytest.approx(1e-3 / 10)
     assert r.num_cells == 64 and r.spec_counts.sum() == SMALL and r.ar_counts.sum() == SMALL
     assert r.spec_counts[-1] == 0 and r.ar_counts[-1] == 0  # nothing outside the support
     np.testing.assert_allclose(r.exact.sum(), 1.0, rtol=1e-12)
@@ -102,7 +104,7 @@ def test_report_json_and_plots(small_report, tmp_path):
     assert d["passed"] is True and d["num_samples"] == SMALL and d["num_cells"] == 64
     assert d["config"]["tree"] == "branch:2,2" and d["config"]["mutant"] is None
     assert d["config"]["min_p"] is None and d["config"]["draft_min_p"] is None  # Sampling(): no min-p
-    assert len(d["tests"]) == 8 and all(t["passed"] for t in d["tests"])
+    assert len(d["tests"]) == 10 and all(t["passed"] for t in d["tests"])
     assert len(d["cells"]["tokens"]) == 64 and sum(d["cells"]["speculative"]) == SMALL
     assert d["acceptance"]["expected"] is not None
     assert "samples_per_s" in " ".join(d["timings"])
@@ -124,8 +126,14 @@ def _mutant_setup(mutant):
 _RULE_LEVEL_TOO = ("depth-row", "reused-uniform", "warp-mismatch")
 
 
+#: mutants that the joint test cannot reject at MUTANT_SAMPLES: row-leak leaves every row's
+#: law exact (test_row_leak_is_rejected_by_the_row_pairs_only); draft-precision moves the law
+#: by far less than 2^15 samples detect (test_draft_precision_is_rejected, docs/EVIDENCE.md)
+_NOT_BY_THE_JOINT_TEST = ("row-leak", "draft-precision")
+
+
 @pytest.mark.parametrize("mutant", [pytest.param(m, marks=pytest.mark.slow) if m in _RULE_LEVEL_TOO else m
-                                    for m in mutants.MUTANTS])
+                                    for m in mutants.MUTANTS if m not in _NOT_BY_THE_JOINT_TEST])
 def test_mutant_is_rejected(mutant):
     """At 2^15 samples every mutant is rejected with p < 1e-6 by the joint test against
     the exact law and by the two-sample test against target-only sampling."""
@@ -147,8 +155,36 @@ def test_mutant_is_rejected(mutant):
     assert r.config["mutant"] == mutant
 
 
+def test_row_leak_is_rejected_by_the_row_pairs_only():
+    """row-leak (odd rows take their even neighbour's acceptance key): at 2^15 samples every
+    per-row test passes, the pairs (2j, 2j+1) are rejected at p < 1e-6, the other pairing
+    (2j+1, 2j+2: rows that share nothing) passes."""
+    r = verify(num_samples=MUTANT_SAMPLES, mutant="row-leak", check_acceptance=False, progress=False, **BRANCHING)
+    by = {t.name: t for t in r.tests}
+    even = by["rows 2j, 2j+1: joint of 3 tokens vs product of exact marginals"]
+    odd = by["rows 2j+1, 2j+2: joint of 3 tokens vs product of exact marginals"]
+    print(f"row-leak: pairs (2j, 2j+1) chi2 = {even.statistic:.1f} (dof {even.dof}) p = {even.pvalue:.3g}; "
+          f"(2j+1, 2j+2) p = {odd.pvalue:.3g}; joint p = {by['joint chi2 vs exact'].pvalue:.3g}")
+    assert not r.passed and even.pvalue < MUTANT_THRESH, r.summary()
+    assert odd.passed, r.summary()
+    assert all(t.passed for t in r.tests if not t.name.startswith("rows ")), r.summary()
+
+
+def test_row_pairs_of_an_odd_block_and_of_one_row():
+    """Pairs never cross a block: an odd block leaves its last row unpaired; a block of one
+    row has no pair, and the report says the row tests had no power."""
+    r = verify(num_samples=96, chunk_size=7, check_acceptance=False, progress=False, **BRANCHING)
+    by = {t.name: t for t in r.tests}
+    even = by["rows 2j, 2j+1: joint of 3 tokens vs product of exact marginals"]
+    odd = by["rows 2j+1, 2j+2: joint of 3 tokens vs product of exact marginals"]
+    assert (even.n, odd.n) == (13 * 3 + 2, 13 * 3 + 2)  # 13 full blocks of 7, then 5 rows
+    one = verify(num_samples=1, check_acceptance=False, progress=False, **BRANCHING)
+    rows = [t for t in one.tests if t.name.startswith("rows ")]
+    assert len(rows) == 2 and all(not t.has_power for t in rows) and one.verdict == "inconclusive"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+@pytest.mark.parametrize("mutant", [m for m in mutants.MUTANTS if m not in _NOT_BY_THE_JOINT_TEST])
 def test_mutant_is_rejected_at_default_samples(mutant):
     r = verify(mutant=mutant, progress=False, **_mutant_setup(mutant))  # 10^6 samples, the product default
     print(r.summary())

@@ -86,9 +86,9 @@ def _check_parts(parts) -> RoundParts:
         return RoundParts()
     if not isinstance(parts, RoundParts):
         raise ValueError(
-            f"parts = {parts!r}: expected None or a jaxspec.RoundParts (verify_mask, accept, commit)"
+            f"parts = {parts!r}: expected None or a jaxspec.RoundParts (verify_mask, accept, commit, keys, draw)"
         )
-    for name in ("verify_mask", "accept", "commit"):
+    for name in ("verify_mask", "accept", "commit", "keys", "draw"):
         if not callable(getattr(parts, name)):
             raise ValueError(f"parts.{name} = {getattr(parts, name)!r}: expected a function")
     return parts

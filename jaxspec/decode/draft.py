@@ -85,7 +85,7 @@ def propose_with_model(model, cache: KVCache, ctx: Context, keys, law: DraftLaw)
         tokens, parents, _, cache = propose_dynamic(model, cache, ctx.root, law.tree, law.warp, law.temperature)
         return Proposal(tokens, cache, parents=parents)
     tokens, probs, cache = propose_static(model, cache, ctx.prev, ctx.root, keys, law.tree, law.scheme, law.warp,
-                                          law.temperature)
+                                          law.temperature, draw=law.draw)
     return Proposal(tokens, cache, probs=probs)
 
 
@@ -145,7 +145,8 @@ def _with_lengths(cache: KVCache, lengths) -> KVCache:
     return cache.replace(lengths=lengths)
 
 
-def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, scheme: str, warp: Warp, temperature):
+def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, scheme: str, warp: Warp, temperature,
+                   draw=sampling.draw):
     """Draft a static tree for every row (``D`` draft forwards for a tree of depth D).
 
     Args:
@@ -157,6 +158,7 @@ def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, sc
       keys: ``[B]`` keys, one per row for this round (``fold_in(key, tree_row)`` per draw).
       tree: breadth-first :class:`StaticTree`.
       warp, temperature: the draft's proposal law.
+      draw: the draw of one row's children (:class:`~jaxspec.decode.round.RoundParts`' ``draw``).
 
     Returns:
       ``node_tokens int32[B, N]``, ``draft_probs float32[B, N + 1, V]`` (row 0 at the root,
@@ -189,14 +191,16 @@ def propose_static(model, cache: KVCache, prev, root, keys, tree: StaticTree, sc
             logits, cache = model(toks, pos_all[:, a:z], _with_lengths(cache, lengths + a), mask_all[:, a:z])
         probs = warp(logits, temperature)  # [B, z - a, V]
         draft_probs = draft_probs.at[:, a:z].set(probs)
-        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens)
+        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens, draw)
     return node_tokens, draft_probs, _with_lengths(cache, lengths)
 
 
-def draw_children(tree: StaticTree, lvl: int, first_row: int, probs, keys, scheme: str, node_tokens):
+def draw_children(tree: StaticTree, lvl: int, first_row: int, probs, keys, scheme: str, node_tokens,
+                  draw=sampling.draw):
     """Draw the children of level ``lvl``'s rows (``[root] + nodes`` rows ``first_row ..``,
     whose warped draft laws are ``probs float32[B, R, V]``) under the sibling scheme, row r
-    with key ``fold_in(keys[b], r)``; returns ``node_tokens int32[B, N]`` with them set."""
+    with key ``fold_in(keys[b], r)`` and ``draw`` (the round's ``DraftLaw.draw``);
+    returns ``node_tokens int32[B, N]`` with them set."""
     b = probs.shape[0]
     for rows, children in tree.level_groups[lvl]:
         c = children.shape[1]
@@ -204,7 +208,7 @@ def draw_children(tree: StaticTree, lvl: int, first_row: int, probs, keys, schem
         row_keys = jax.vmap(lambda k: jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.asarray(rows)))(keys)
 
         def draw_one(k, p, c=c):
-            return sampling.draw(k, p, c, scheme)[0]
+            return draw(k, p, c, scheme)[0]
 
         tok = jax.vmap(jax.vmap(draw_one))(row_keys, row_probs)  # [B, R, c]
         node_tokens = node_tokens.at[:, children.reshape(-1)].set(tok.reshape(b, -1))

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 
 from jaxspec.errors import SettingError
+from jaxspec.core import sampling
 from jaxspec.core.sampling import Warp
 
 __all__ = ["Drafter", "DraftRequest", "Prompt", "Context", "DraftLaw", "Proposal", "Outcome", "check_drafter",
@@ -100,13 +101,16 @@ class Context(NamedTuple):
 
 
 class DraftLaw(NamedTuple):
-    """How to draw: the tree, the sibling scheme, the draft's warp (static) and its
-    temperature (traced float32 scalar)."""
+    """How to draw: the tree, the sibling scheme, the draft's warp (static), its
+    temperature (traced float32 scalar) and the draw of one row's children
+    (:class:`~jaxspec.decode.round.RoundParts`' ``draw``, :func:`jaxspec.core.sampling.draw`
+    by default)."""
 
     tree: Any  # StaticTree | DynamicTree
     scheme: str
     warp: Warp
     temperature: jax.Array
+    draw: Callable = sampling.draw  # (key, probs float32[V], n, scheme) -> (tokens int32[n], laws)
 
 
 class Proposal(NamedTuple):

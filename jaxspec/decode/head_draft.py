@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspec.core import sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
 from jaxspec.decode.draft import ModuleDraft, draw_children
@@ -83,7 +84,7 @@ def start_head(head: FeatureHead, target: Transformer, feats, tokens, committed,
 
 
 def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys, tree: StaticTree, scheme: str,
-                 warp: Warp, temperature):
+                 warp: Warp, temperature, draw=sampling.draw):
     """Draft a static tree for every row (``D`` head forwards for a tree of depth D).
 
     Returns ``node_tokens int32[B, N]``, ``draft_probs float32[B, N + 1, V]`` (row 0 at the
@@ -118,7 +119,7 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
         node_h = node_h.at[:, a:z].set(h)
         probs = warp(head.logits(target, h), temperature)  # [B, z - a, V]
         draft_probs = draft_probs.at[:, a:z].set(probs)
-        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens)
+        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens, draw)
     return node_tokens, draft_probs, state._replace(cache=cache.replace(lengths=lh))
 
 
@@ -170,7 +171,7 @@ class HeadDraft(ModuleDraft):
     def propose(self, params, target, state: HeadState, ctx: Context, keys, law: DraftLaw) -> Proposal:
         head = nnx.merge(self.definition, params)
         tokens, probs, state = propose_head(head, target, state, keys, law.tree, law.scheme, law.warp,
-                                            law.temperature)
+                                            law.temperature, draw=law.draw)
         return Proposal(tokens, state, probs=probs)
 
     def commit(self, params, state: HeadState, outcome: Outcome, commit_cache) -> HeadState:

@@ -22,7 +22,7 @@ a draft worth verifying (``has_draft``), the round runs one target step instead 
 ``verify`` and ``accept`` (a ``lax.cond`` whose choice reads only what the drafter saw, never
 the round's acceptance randomness).
 
-The three replaceable steps form :class:`RoundParts`; its defaults are the library's own.
+The replaceable steps form :class:`RoundParts`; its defaults are the library's own.
 A researcher replaces one to try an idea, and :mod:`jaxspec.exactness.mutants` replaces
 one to break the decoder on purpose::
 
@@ -63,6 +63,7 @@ __all__ = [
     "RoundState",
     "Emitted",
     "tree_verify_mask",
+    "split_round_keys",
     "commit_path",
     "emit_tokens",
     "start_emitted",
@@ -79,6 +80,14 @@ def tree_verify_mask(full_mask):
     ``[root] + nodes``, used as given (a node sees its ancestors and itself, never a
     sibling branch)."""
     return full_mask
+
+
+def split_round_keys(keys):
+    """The library's key split: each row's round key (``[B]``) -> ``(draft keys [B],
+    acceptance keys [B])``, the two halves of ``jax.random.split`` of it. Rows never share
+    a key, and the drafter never sees the acceptance key."""
+    split = jax.vmap(jax.random.split)(keys)  # [B, 2]
+    return split[:, 0], split[:, 1]
 
 
 def commit_path(cache: KVCache, accepted_nodes, num) -> KVCache:
@@ -111,11 +120,19 @@ class RoundParts:
                    the target's cache and handed to the drafter's ``commit`` (a draft model
                    applies it to its own cache; a feature head keeps its own layout): which
                    slots are kept, and so where the next round's root is written.
+      keys:        ``keys [B] -> (draft keys [B], acceptance keys [B])``: the round's
+                   randomness per row, split between the drafter and the rule.
+      draw:        ``(key, probs float32[V], n, scheme) -> (tokens int32[n], laws)``: how
+                   the library's drafters (a draft model, a feature head, layer skip) draw
+                   the ``n`` children of one tree row from its warped law
+                   (:func:`jaxspec.core.sampling.draw`); a drafter of your own may ignore it.
     """
 
     verify_mask: Callable = tree_verify_mask
     accept: Callable = accept_core
     commit: Callable = commit_path
+    keys: Callable = split_round_keys
+    draw: Callable = sampling.draw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +210,8 @@ def speculative_round(
       drafter, dparams: the :class:`~jaxspec.decode.drafter.Drafter` and its params.
       state: the :class:`RoundState`; finished rows (``state.emitted.active`` False) run
         the same computation (static shapes) but commit and emit nothing.
-      keys: ``[B]`` keys of this round, one per row; each is split into a draft key (one
-        ``fold_in`` per tree row) and an acceptance key.
+      keys: ``[B]`` keys of this round, one per row; each is split (``cfg.parts.keys``)
+        into a draft key (one ``fold_in`` per tree row) and an acceptance key.
       temperature, draft_temperature: traced float32 scalars.
       stop_tokens: ``int32[n]`` (-1 padded).
 
@@ -205,14 +222,13 @@ def speculative_round(
     parts = cfg.parts
     b = state.root.shape[0]
     n = cfg.tree.num_nodes
-    split = jax.vmap(jax.random.split)(keys)  # [B, 2]
-    k_draft, k_acc = split[:, 0], split[:, 1]
+    k_draft, k_acc = parts.keys(keys)  # [B] each
     lengths = state.tcache.lengths  # [B]
     emitted = state.emitted
 
     with jax.named_scope("propose"):
         ctx = Context(state.prev, state.root, lengths, emitted.out, emitted.n_out, emitted.active, state.tcache)
-        law = DraftLaw(cfg.tree, cfg.scheme, cfg.draft_warp, draft_temperature)
+        law = DraftLaw(cfg.tree, cfg.scheme, cfg.draft_warp, draft_temperature, parts.draw)
         prop = drafter.propose(dparams, target, state.dstate, ctx, k_draft, law)
         node_tokens = prop.tokens  # [B, N]
         draft_probs = prop.probs

@@ -1,7 +1,15 @@
 """The tests :func:`jaxspec.verify` runs on its counts, fixed before any sample is drawn:
 χ² of the joint law and of each position against the exact law, the two-sample χ² against
-target-only sampling, the target-only control, and one binomial test per depth of the
-first round's acceptance, all at one Bonferroni threshold."""
+target-only sampling, the target-only control, the two row-independence tests, and one
+binomial test per depth of the first round's acceptance, all at one Bonferroni threshold.
+
+Row independence: the samples are the rows of batched calls, so a decoder whose rows share
+state (a key, a cache slot) can give every row the exact law while neighbouring rows are
+dependent, which the per-row tests cannot see. The joint law of the first ``k`` tokens of
+rows ``2j`` and ``2j + 1`` (and, separately, of rows ``2j + 1`` and ``2j + 2``) of one
+call, over disjoint pairs, is tested against the product of the exact marginals (χ², the
+exact law of a pair of independent rows), with ``k`` the deepest prefix whose pair table
+has at most :data:`~jaxspec.exactness.sample_counts.MAX_PAIR_CELLS` cells."""
 
 from __future__ import annotations
 
@@ -12,15 +20,35 @@ from scipy import stats as scipy_stats
 
 from jaxspec.exactness import power, stats
 from jaxspec.exactness.exact_laws import ExactLaw
+from jaxspec.exactness.sample_counts import row_pair_depth
 from jaxspec.exactness.report import MAX_MIN_DETECTABLE_TV, TestResult
 
-__all__ = ["planned_tests", "law_tests", "pooled_away", "evidence"]
+__all__ = ["planned_tests", "law_tests", "pooled_away", "evidence", "prefix_probs", "ROW_PAIRINGS"]
+
+#: the row-independence tests: (the counts' name, the first row of each pair, the test's name)
+ROW_PAIRINGS = (("pairs_even", 0, "rows 2j, 2j+1"), ("pairs_odd", 1, "rows 2j+1, 2j+2"))
 
 
-def planned_tests(horizon: int, acc_exp) -> int:
-    """How many tests a run makes: joint, one per position, two-sample, control, and one
-    per depth of an enumerated acceptance expectation."""
-    return 1 + horizon + 2 + (0 if acc_exp is None else np.asarray(acc_exp).size)
+def planned_tests(horizon: int, acc_exp, row_pairs: bool = True) -> int:
+    """How many tests a run makes: joint, one per position, two-sample, control, the two
+    row-independence tests (where counted), and one per depth of an enumerated acceptance
+    expectation."""
+    return 1 + horizon + 2 + (len(ROW_PAIRINGS) if row_pairs else 0) + (
+        0 if acc_exp is None else np.asarray(acc_exp).size)
+
+
+def _prefix_nodes(law: ExactLaw, k: int) -> np.ndarray:
+    """int[C]: each cell's ancestor of depth ``k`` (an index into ``law.levels[k - 1]``)."""
+    node = np.arange(law.probs.size)
+    for lvl in range(len(law.levels) - 1, k - 1, -1):  # from the cells up to depth k
+        node = np.asarray(law.levels[lvl][0])[node]
+    return node
+
+
+def prefix_probs(law: ExactLaw, k: int) -> np.ndarray:
+    """float64[n_k]: the exact probability of each node of depth ``k`` of the law's prefix
+    tree (``law.levels[k - 1]``), summed over the cells below it."""
+    return np.bincount(_prefix_nodes(law, k), weights=law.probs, minlength=len(law.levels[k - 1][0]))
 
 
 def relabel(label: str, names) -> str:
@@ -50,7 +78,8 @@ def law_tests(law: ExactLaw, spec: dict, ar: dict, accepted, acc_exp, *, alpha: 
     without an acceptance expectation)."""
     horizon = len(law.marginals)
     exact_full = np.append(law.probs, 0.0)  # + the outside-support cell
-    a_test = stats.bonferroni(alpha, planned_tests(horizon, acc_exp))
+    row_pairs = "pairs_even" in spec
+    a_test = stats.bonferroni(alpha, planned_tests(horizon, acc_exp, row_pairs))
     labels = [",".join(map(str, c)) for c in law.cells.tolist()] + ["outside"]
     tests = []
 
@@ -74,6 +103,28 @@ def law_tests(law: ExactLaw, spec: dict, ar: dict, accepted, acc_exp, *, alpha: 
         stats.chisquare_two_sample(spec["joint"], ar["joint"], min_expected=stats.MIN_EXPECTED), "chi2_two_sample",
         n_cells)
     chi("control: target-only joint chi2 vs exact", gof(ar["joint"], exact_full), "chi2_gof", n_cells)
+    if row_pairs:
+        k = row_pair_depth([len(par) for par, _ in law.levels])
+        pk = np.append(prefix_probs(law, k), 0.0)  # + outside
+        product = np.outer(pk, pk).ravel()
+        node_names = {}  # a depth-k node's tokens, read off any cell below it
+        for cell, nd in zip(law.cells[:, :k].tolist(), _prefix_nodes(law, k).tolist(), strict=True):
+            node_names.setdefault(nd, ",".join(map(str, cell)))
+        single = [node_names.get(i, str(i)) for i in range(len(pk) - 1)] + ["outside"]
+        pair_labels = [f"{a} | {b}" for a in single for b in single]
+        for counts, _, label in ROW_PAIRINGS:
+            name = f"{label}: joint of {k} token{'s' * (k > 1)} vs product of exact marginals"
+            c = spec[counts]
+            if c.sum() == 0:
+                tests.append(TestResult(name, "chi2_gof", 0.0, 0, 1.0, a_test, 0, "no pair of rows in a block",
+                                        no_power="no pair of rows in a block (chunk_size < 3 or one sample)"))
+                continue
+            r = gof(c, product)
+            detail = "" if r.observed is None else stats.table(
+                r.observed, r.expected, labels=tuple(relabel(x, pair_labels) for x in r.labels) or None,
+                max_rows=10)
+            tests.append(TestResult(name, "chi2_gof", float(r.statistic), int(r.dof), float(r.pvalue), a_test,
+                                    int(r.n), r.note, detail, pooled_away(int(r.dof), int(np.count_nonzero(product)))))
     for d, (k, e) in enumerate(zip([] if acc_exp is None else accepted, _clip(acc_exp), strict=True)):
         pv = float(scipy_stats.binomtest(int(k), num_samples, e).pvalue)
         p_min = power.binomial_min_pvalue(num_samples, e)
@@ -82,7 +133,7 @@ def law_tests(law: ExactLaw, spec: dict, ar: dict, accepted, acc_exp, *, alpha: 
         tests.append(TestResult(f"acceptance at depth {d + 1} (binomial)", "binomial", float(k / num_samples),
                                 0, pv, a_test, num_samples, f"observed {int(k)} of {num_samples}, "
                                 f"expected {e * num_samples:.1f}", no_power=no_power))
-    assert len(tests) == planned_tests(horizon, acc_exp)
+    assert len(tests) == planned_tests(horizon, acc_exp, row_pairs)
     return tests, a_test
 
 

@@ -26,6 +26,20 @@ bonus-kv-slot          the commit keeps one token fewer than the round   any tre
                        emitted, so the next round writes the emitted
                        token's K/V one cache slot early (over the last
                        accepted token's, or the old root's)
+draft-noise-reuse      the residual is drawn with the randomness that    scheme iid or
+                       drew the rejected siblings (vLLM #54282): the     without_replacement,
+                       last rejected child's own uniform (iid, inverse   a drafter that
+                       CDF) or the row's Gumbel noise (without           draws (a model,
+                       replacement, Gumbel-max of log residual + g)      a head)
+draft-precision        draft tokens drawn from the draft's log-probs     as draft-noise-reuse
+                       rounded to bfloat16, q handed to the rule in
+                       float32 (DeepSpec #31): q is off by ~1e-3 of
+                       itself, so the law moves little (see the power
+                       curve in docs/EVIDENCE.md)
+row-leak               in a batch, each odd row's acceptance key is its  T > 0, a batch of
+                       even neighbour's (1Cat-vLLM #656): every row's    >= 2 rows
+                       own law is exact, rows 2j and 2j + 1 are not
+                       independent (the harness's row-pair tests)
 =====================  ================================================= =================
 
 How they plug in: each is a :class:`~jaxspec.decode.round.RoundParts` with one part
@@ -33,28 +47,34 @@ replaced (:func:`round_parts`), passed as ``parts=`` to :func:`jaxspec.generate`
 :func:`jaxspec.verify`: ``causal-mask`` replaces ``verify_mask``; ``bonus-kv-slot``
 replaces ``commit``; the other four replace ``accept`` (``depth-row`` and
 ``warp-mismatch`` hand the library's rule the wrong rows; ``no-residual-update`` and
-``reused-uniform`` are rules of their own).
+``reused-uniform`` are rules of their own); ``draft-precision`` replaces ``draw`` (the
+drafter's draw of one row's children); ``row-leak`` replaces ``keys`` (the split of each
+row's round key); ``draft-noise-reuse`` replaces ``keys`` (the rule is handed the row's draft
+key beside its acceptance key) and ``accept`` (which rebuilds the draft's noise from it).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.core import tree as treelib
 from jaxspec.core.block import block_emit, block_stop_probabilities, block_weights
 from jaxspec.core.numerics import accept_ratio, inverse_cdf
-from jaxspec.core.residual import node_accept_probs, row_residual
+from jaxspec.core import sampling
+from jaxspec.core.residual import node_accept_probs, row_law, row_residual, walk_all_rows
 from jaxspec.core.rule_types import AcceptResult, accept_result, tree_structure
 from jaxspec.core.token_rule import accept_core, choose_path
 from jaxspec.core.traversal import traversal_with_update
-from jaxspec.decode.round import RoundParts, commit_path
+from jaxspec.decode.round import RoundParts, commit_path, split_round_keys
 
 __all__ = ["MUTANTS", "MUTANT_RULE", "describe", "round_parts", "check_mutant"]
 
 MUTANTS = (
     "no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot",
     "block-unclipped", "block-first-failure", "block-token-residual", "traversal-parent-update",
+    "draft-noise-reuse", "draft-precision", "row-leak",
 )
 
 #: the rule each mutant breaks (a block mutant needs a chain; its acceptance is compared
@@ -72,6 +92,11 @@ _DESCRIPTIONS = {
     "block-first-failure": "block verification stopping before the first failed test instead of at the last passing one",
     "block-token-residual": "block verification emitting the token-level residual [p - q]_+ instead of [w p - q]_+",
     "traversal-parent-update": "traversal verification with the parent update alpha <- min(r / (1 - Ms(x)), 1)",
+    "draft-noise-reuse": "the residual drawn with the noise that drew the rejected siblings (their uniform or Gumbel "
+                         "noise) instead of fresh randomness",
+    "draft-precision": "draft tokens drawn from the draft's log-probabilities rounded to bfloat16, q handed to the rule "
+                       "in float32",
+    "row-leak": "in a batch, each odd row's acceptance key is its even neighbour's (rows not independent)",
 }
 
 
@@ -219,6 +244,81 @@ def _accept_traversal_parent_update(key, parents, tokens, target_probs, draft_pr
     return traversal_with_update(key, parents, tokens, target_probs, draft_probs, scheme, _mutant_parent_alpha)
 
 
+def _keys_with_draft_key(keys):
+    """``keys``: the library's split, except that the rule gets ``[acceptance key, draft
+    key]`` per row (``[B, 2]``), so that it can rebuild the draft's noise."""
+    k_draft, k_acc = split_round_keys(keys)
+    return k_draft, jnp.stack([k_acc, k_draft], axis=1)
+
+
+def _accept_draft_noise_reuse(keys, parents, tokens, target_probs, draft_probs, scheme) -> AcceptResult:
+    """``accept``: the token rule with fresh acceptance uniforms, but the extra token of a
+    row whose children were all rejected is drawn with the noise that drew those children
+    (the drafter draws row r's children with ``fold_in(draft key, r)``:
+    :func:`jaxspec.decode.draft.draw_children`): under ``iid`` the inverse CDF of the
+    residual at the last rejected child's own uniform; under ``without_replacement``
+    Gumbel-max of ``log residual + g`` with the row's Gumbel vector ``g``. A bonus token
+    (an accepted leaf: no draft draw at its row) is drawn fresh. ``deterministic``
+    drafts have no noise to reuse: there it is the library's rule."""
+    key, k_draft = keys[0], keys[1]
+    st = tree_structure(parents)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n = tokens.shape[0]
+    P = jnp.asarray(target_probs, jnp.float32)
+    Q = jnp.asarray(draft_probs, jnp.float32)
+    v = P.shape[-1]
+    key_accept, key_emit = jax.random.split(key)
+    u = jax.random.uniform(key_accept, (n,), jnp.float32)
+    accept_prob, law = walk_all_rows(st, tokens, P, Q, scheme)
+    num_accepted, last, accepted_nodes = choose_path(st, accept_prob, u)
+    emit_row = last + 1
+    emit = row_law(law, emit_row, P, Q)  # [V] unnormalized
+    fresh = sampling.sample_categorical(key_emit, emit).astype(jnp.int32)
+    kids = np.asarray(st.children)
+    counts = (kids >= 0).sum(axis=1)  # children per row (static)
+    drawn = [r for r in range(kids.shape[0]) if counts[r] > 0]
+    if scheme == "deterministic" or not drawn:
+        return accept_result(tokens, num_accepted, last, accepted_nodes, fresh)
+    reused = []
+    for r in drawn:  # the draft's own noise at row r, rebuilt from its key
+        kr = jax.random.fold_in(k_draft, r)
+        if scheme == "iid":  # draw_iid: uniform(key, (c,)); the last child tried is the last one
+            ur = jax.random.uniform(kr, (int(counts[r]),), jnp.float32)[-1]
+            reused.append(inverse_cdf(ur, emit))
+        else:  # draw_without_replacement: gumbel(key, (V,))
+            g = jax.random.gumbel(kr, (v,), jnp.float32)
+            pos = emit > 0
+            score = jnp.where(pos, jnp.log(jnp.where(pos, emit, 1.0)) + g, -jnp.inf)
+            reused.append(jnp.argmax(score).astype(jnp.int32))
+    reused = jnp.stack(reused)  # [R]
+    rows = jnp.asarray(drawn, jnp.int32)
+    hit = rows == emit_row
+    extra = jnp.where(jnp.any(hit), reused[jnp.argmax(hit)], fresh).astype(jnp.int32)
+    return accept_result(tokens, num_accepted, last, accepted_nodes, extra)
+
+
+def _draw_bfloat16(key, probs, n, scheme):
+    """``draw``: the children drawn from the row's log-probabilities rounded to bfloat16
+    (the draft's logits up to a constant, as a low-precision sampler holds them) and
+    renormalized; the drafter still returns, and the rule still divides by, the float32
+    row."""
+    p = jnp.asarray(probs, jnp.float32)
+    pos = p > 0
+    logp = jnp.where(pos, jnp.log(jnp.where(pos, p, 1.0)), -jnp.inf)
+    low = logp.astype(jnp.bfloat16).astype(jnp.float32)
+    drawn = jnp.where(pos, jnp.exp(low - jnp.max(low)), 0.0)
+    return sampling.draw(key, drawn / jnp.sum(drawn), n, scheme)
+
+
+def _keys_leak(keys):
+    """``keys``: the library's split, except that each odd row ``2j + 1`` gets its even
+    neighbour ``2j``'s acceptance key (a batch index computed as ``b // 2 * 2``). Each row
+    alone still uses independent keys for its draft and its acceptance."""
+    k_draft, k_acc = split_round_keys(keys)
+    b = k_acc.shape[0]
+    return k_draft, k_acc[(jnp.arange(b) // 2) * 2]
+
+
 def round_parts(name: str) -> RoundParts:
     """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's
     parts with exactly one replaced (``generate(..., parts=round_parts(name))``)."""
@@ -234,4 +334,7 @@ def round_parts(name: str) -> RoundParts:
         "block-first-failure": RoundParts(accept=_accept_block_first_failure),
         "block-token-residual": RoundParts(accept=_accept_block_token_residual),
         "traversal-parent-update": RoundParts(accept=_accept_traversal_parent_update),
+        "draft-noise-reuse": RoundParts(keys=_keys_with_draft_key, accept=_accept_draft_noise_reuse),
+        "draft-precision": RoundParts(draw=_draw_bfloat16),
+        "row-leak": RoundParts(keys=_keys_leak),
     }[name]

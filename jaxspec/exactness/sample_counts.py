@@ -35,9 +35,36 @@ from jaxspec.decode.generate import store_text
 from jaxspec.decode.program_store import StoredFunction, library_function_name, static_text
 from jaxspec.nn.sharding import put
 
-__all__ = ["count_samples", "finish_timings", "lookup_cells"]
+__all__ = ["count_samples", "finish_timings", "lookup_cells", "row_pair_depth", "MAX_PAIR_CELLS"]
 
 _AXIS = "chains"
+
+#: the most cells of a row-pair table (pairs of prefix cells, the outside cell included)
+MAX_PAIR_CELLS = 1 << 16
+
+
+def row_pair_depth(level_sizes) -> int:
+    """How many first tokens the row-pair counts look at: the deepest ``k`` whose prefix
+    cells (``level_sizes[k - 1]`` of them, plus one outside) fit a pair table of at most
+    :data:`MAX_PAIR_CELLS` cells; 0 when not even the first token's do."""
+    k = 0
+    for i, n in enumerate(level_sizes):
+        if (int(n) + 1) ** 2 <= MAX_PAIR_CELLS:
+            k = i + 1
+    return k
+
+
+def _row_pairs(y, levels, valid, first: int):
+    """int32[(n_k + 1)**2]: counts of (cell of row ``first + 2j``, cell of row ``first + 2j +
+    1``) over a block's disjoint pairs of neighbouring rows, cells of the first ``k`` tokens
+    (:func:`row_pair_depth`; ``n_k`` = outside the support), both rows valid."""
+    k = row_pair_depth([par.shape[0] for par, _ in levels])
+    n_k = levels[k - 1][0].shape[0]
+    cell = lookup_cells(y[:, :k], levels[:k], n_k)  # [chunk]
+    m = (y.shape[0] - first) // 2
+    a, b = cell[first:first + 2 * m:2], cell[first + 1:first + 2 * m:2]
+    ok = valid[first:first + 2 * m:2] * valid[first + 1:first + 2 * m:2]
+    return jnp.zeros(((n_k + 1) ** 2,), jnp.int32).at[a * (n_k + 1) + b].add(ok)
 
 
 def lookup_cells(y, levels, num_cells: int):
@@ -75,13 +102,14 @@ def _block_mesh(devices: tuple, mesh: Mesh | None) -> tuple[Mesh, str]:
 
 @functools.lru_cache(maxsize=32)
 def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int, prompt: tuple, horizon: int,
-             vocab: int, width: int, keep_tokens: bool = False):
+             vocab: int, width: int, keep_tokens: bool = False, levels_shape: tuple | None = None):
     """jit(shard_map): one block of ``chunk`` rows per device (per ``data`` index of a
     mesh) -> psum-ed integer counts, and with ``keep_tokens`` (no enumerated law: no joint
     cells) the block's tokens ``samples`` int32[chunk, L] per device, gathered over the
     axis. The prompt is right-padded with 0 to ``width`` columns, as
     :func:`jaxspec.generate` pads it to a prompt bucket."""
-    text = _store_text(kind, cfg, impl, devices, mesh, chunk, prompt, horizon, vocab, width, keep_tokens)
+    text = _store_text(kind, cfg, impl, devices, mesh, chunk, prompt, horizon, vocab, width, keep_tokens,
+                       levels_shape)
     mesh, axis = _block_mesh(devices, mesh)
     t = len(prompt)
     padded = np.zeros((width,), np.int32)
@@ -106,6 +134,10 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
                 num_cells = levels[-1][0].shape[0]
                 cell = lookup_cells(y, levels, num_cells)
                 out["joint"] = jnp.zeros((num_cells + 1,), jnp.int32).at[cell].add(valid)
+                if kind == "spec" and row_pair_depth([par.shape[0] for par, _ in levels]) > 0:
+                    # rows 2j, 2j + 1 and rows 2j + 1, 2j + 2 of one batched call: the row-independence tests
+                    out["pairs_even"] = _row_pairs(y, levels, valid, 0)
+                    out["pairs_odd"] = _row_pairs(y, levels, valid, 1)
             pos = jnp.broadcast_to(jnp.arange(horizon, dtype=jnp.int32), y.shape)
             out["marginals"] = jnp.zeros((horizon, vocab), jnp.int32).at[pos, jnp.clip(y, 0, vocab - 1)].add(
                 valid[:, None])
@@ -115,8 +147,10 @@ def _step_fn(kind: str, cfg, impl, devices: tuple, mesh: Mesh | None, chunk: int
             out["tokens"] = jnp.sum(res.lengths * valid)
         return {k: (v if k == "samples" else jax.lax.psum(v, axis)) for k, v in out.items()}
 
+    pairs = (kind == "spec" and not keep_tokens and levels_shape is not None
+             and row_pair_depth(levels_shape) > 0)
     names = (["samples" if keep_tokens else "joint", "marginals"] if kind != "first" else []) + (
-        ["accepted", "rounds", "tokens"] if kind != "ar" else [])
+        ["accepted", "rounds", "tokens"] if kind != "ar" else []) + (["pairs_even", "pairs_odd"] if pairs else [])
     out_specs = {k: (P(axis) if k == "samples" else P()) for k in names}  # samples: [devices * chunk, L]
     f = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P(), P()), out_specs=out_specs,
                       axis_names={axis}, check_vma=False)
@@ -148,7 +182,9 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
     ``kind``: ``"spec"`` (speculative: ``joint`` cells of the first ``horizon`` tokens by
     :func:`lookup_cells` over ``levels``, per-position ``marginals``, ``accepted`` per
     depth, ``rounds``, ``tokens``), ``"ar"`` (target-only: ``joint``, ``marginals``) or
-    ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``). With ``levels=None``
+    ``"first"`` (one round: ``accepted``, ``rounds``, ``tokens``); ``"spec"`` also counts
+    ``pairs_even`` and ``pairs_odd``, the cells of neighbouring rows of one batched call
+    (:func:`_row_pairs`), for the row-independence tests. With ``levels=None``
     (no enumerated law) ``"spec"`` and ``"ar"`` return the tokens themselves instead of
     joint cells: ``samples`` int32[num_samples, horizon], rows in block order.
     With ``mesh`` (a ``(data, model)`` mesh; ``devices`` is then unused), blocks run over
@@ -167,7 +203,8 @@ def count_samples(kind: str, cfg, impl, states, temps, key, prompt, horizon, voc
         )
     keep = levels is None
     fn, mesh_, axis = _step_fn(kind, cfg, impl, tuple(devices) if mesh is None else (), mesh, chunk,
-                               tuple(prompt), horizon, vocab, len(prompt) if width is None else int(width), keep)
+                               tuple(prompt), horizon, vocab, len(prompt) if width is None else int(width), keep,
+                               None if keep else tuple(int(p.shape[0]) for p, _ in levels))
     rep = NamedSharding(mesh_, P())
     sharded = NamedSharding(mesh_, P(axis))
     if mesh is None:
