@@ -293,3 +293,37 @@ def test_verify_refuses_too_many_cells_of_a_target_before_loading_it(monkeypatch
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "error: --top-k 2000 and --horizon 2: min(top_k, the target's 49152 tokens) give up to 2000**2" in err, err
+
+
+# ----------------------------------------------------------------------------- Sampling changed after its check
+
+def test_sampling_changed_after_it_was_made_is_refused_where_it_is_read():
+    """``object.__setattr__(s, "temperature", nan)`` on a frozen ``Sampling`` decoded
+    silently; ``generate`` checks the values again where it reads them."""
+    import jax
+
+    import jaxspec
+    from _tiny import tiny_pair
+
+    s = jaxspec.Sampling(temperature=0.7)
+    object.__setattr__(s, "temperature", float("nan"))
+    target, draft = tiny_pair(0, vocab_size=8)
+    with pytest.raises(jaxspec.SettingError, match=r"^sampling\.temperature = nan: .*changed after it was made"):
+        jaxspec.generate(jax.random.key(0), target, draft, [[1, 2]], max_new_tokens=2, sampling=s)
+    with pytest.raises(jaxspec.SettingError, match=r"^sampling\.temperature = nan"):
+        jaxspec.generate_autoregressive(jax.random.key(0), target, [[1, 2]], max_new_tokens=2, sampling=s)
+
+
+def test_rows_beyond_the_prompts_are_named_as_such(monkeypatch):
+    """``rows=10**9`` with one prompt was refused with "pass fewer prompts"."""
+    import jax
+
+    import jaxspec
+    from _tiny import tiny_pair
+    from jaxspec.decode import memory
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 8 << 30)
+    target, draft = tiny_pair(0, vocab_size=8)
+    with pytest.raises(ValueError, match=r"^rows = 1000000000 exceeds the 1 prompt\(s\): 1000000000 rows would need "
+                                         r".*; expected rows <= 1 \(a row beyond the prompts decodes nothing\)$"):
+        jaxspec.generate(jax.random.key(0), target, draft, [[1, 2]], max_new_tokens=2, rows=10**9)

@@ -84,10 +84,16 @@ class Sampling:
 def check_sampling(name: str, value, default: Sampling | None = None) -> Sampling | None:
     """``value`` if it is a :class:`Sampling`, ``default`` for ``None``; a
     :class:`~jaxspec.checks.SettingError` naming ``name`` otherwise (a bare number is the
-    common slip: ``sampling=0.7`` for ``Sampling(temperature=0.7)``)."""
+    common slip: ``sampling=0.7`` for ``Sampling(temperature=0.7)``). A ``Sampling``'s values
+    are checked again here, where they are read."""
     if value is None:
         return default
     if isinstance(value, Sampling):
+        try:  # again where it is read: object.__setattr__ can put a NaN into a frozen value after its check
+            validate_warp_args(value.temperature, value.top_k, value.top_p, value.min_p)
+        except SettingError as e:
+            raise SettingError({f"{name}.{k}": v for k, v in e.settings.items()},
+                               f"{e.expected} (the Sampling was changed after it was made)") from None
         return value
     hint = (f"jaxspec.Sampling(temperature={value!r})" if isinstance(value, (int, float)) and
             not isinstance(value, bool) and math.isfinite(value) else "jaxspec.Sampling(temperature=..., top_p=...)")

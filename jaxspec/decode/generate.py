@@ -253,7 +253,7 @@ def generate(
     cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
     check_generate_memory(target.config, getattr(drafter, "config", None), rows=cfg.rows or tokens.shape[0],
                           width=tokens.shape[1], capacity=cfg.capacity, tree_rows=cfg.num_nodes + 1,
-                          what="rows" if cfg.rows else "prompts")
+                          what="rows" if cfg.rows else "prompts", prompts=tokens.shape[0])
     check_drafter_output(drafter, dstate, target, tree=cfg.tree, scheme=cfg.scheme, warp=cfg.draft_warp,
                          batch=cfg.rows or tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
                          budget=cfg.max_new_tokens)

@@ -62,10 +62,11 @@ def estimate_generate_bytes(target_config, draft_config, *, rows: int, width: in
 
 
 def check_generate_memory(target_config, draft_config, *, rows: int, width: int, capacity: int,
-                          tree_rows: int, what: str = "prompts") -> None:
+                          tree_rows: int, what: str = "prompts", prompts: int | None = None) -> None:
     """``ValueError`` when :func:`estimate_generate_bytes` exceeds the device's memory
     (:func:`device_memory_bytes`), saying how many rows would fit and how to pass fewer
-    (``what`` names the argument that sets the rows)."""
+    (``what`` names the argument that sets the rows; ``prompts``, with ``what="rows"``: how
+    many prompts there are, so that ``rows`` above them is named as such)."""
     limit = device_memory_bytes()
     if limit is None:
         return
@@ -76,8 +77,12 @@ def check_generate_memory(target_config, draft_config, *, rows: int, width: int,
     per_row = estimate_generate_bytes(target_config, draft_config, rows=1, width=width, capacity=capacity,
                                       tree_rows=tree_rows)
     fit = max(limit // per_row, 0)
+    need_text = (f"{rows} rows would need about {need / 2**30:.1f} GiB (KV caches of {capacity} slots, "
+                 f"{tree_rows} vocabulary rows of {target_config.vocab_size} per round), more than the device's "
+                 f"{limit / 2**30:.1f} GiB; about {fit} rows fit")
+    if what == "rows" and prompts is not None and rows > prompts:
+        raise ValueError(f"rows = {rows} exceeds the {prompts} prompt(s): {need_text}; expected rows <= "
+                         f"{min(prompts, max(fit, 1))} (a row beyond the prompts decodes nothing)")
     raise ValueError(
-        f"{what}: {rows} rows would need about {need / 2**30:.1f} GiB (KV caches of {capacity} slots, "
-        f"{tree_rows} vocabulary rows of {target_config.vocab_size} per round), more than the device's "
-        f"{limit / 2**30:.1f} GiB; about {fit} rows fit: pass fewer prompts, or rows={max(fit, 1)} to decode "
+        f"{what}: {need_text}: pass fewer prompts, or rows={max(fit, 1)} to decode "
         "them that many at a time (continuous batching)")
