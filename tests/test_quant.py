@@ -2,9 +2,9 @@
 
 * quantize / dequantize round trips within half a step of their scales;
 * the int8 product: one row padded to two, rows independent bit for bit;
-* the int8 embedded target against float32 within a bound measured before it was written
-  (random byte prompts: mean KL 0.0008, max KL 0.0064, max |logit difference| 0.46, greedy
-  agreement 0.97; the bounds below are about 5x / 5x / 3x / -0.1 of those);
+* the int8 embedded target (with its default SmoothQuant calibration) against float32 within
+  bounds set from a measurement (random byte prompts: mean KL 0.0011, max KL 0.022, max
+  |logit difference| 0.54, greedy agreement 0.95; bounds 0.004 / 0.06 / 1.5 / 0.87);
 * row independence: the int8 product's rows bit for bit; the whole int8 model's
   tree-verification logits against one-token logits within a measured bound;
 * the exactness harness passes on the int8 tiny pair;
@@ -32,6 +32,19 @@ from jaxspec.nn.model import decode_step, forward_logits, prefill
 def pair():
     m = jaxspec.load_model("default-target")
     return m, quant.quantize_model(m)
+
+
+def test_smoothing_leaves_the_product_and_shrinks_outliers():
+    kx, kw = jax.random.split(jax.random.key(3))
+    x = jax.random.normal(kx, (4, 64)).at[:, 7].multiply(50.0)  # an outlier channel
+    w = jax.random.normal(kw, (64, 32)) * 0.1
+    plain = quant.QuantLinear.from_float(w)
+    smooth = quant.QuantLinear.from_float(w, act_max=jnp.max(jnp.abs(x), 0))
+    ref = x @ w
+    err = {n: float(jnp.max(jnp.abs(m(x) - ref))) for n, m in (("plain", plain), ("smooth", smooth))}
+    assert err["smooth"] < err["plain"], err
+    s = smooth.smooth[...]
+    assert float(s[7]) < float(jnp.median(s))  # the outlier channel is scaled down most
 
 
 def test_weight_round_trip_within_half_a_step():
@@ -98,7 +111,7 @@ def test_int8_forward_close_to_float32(pair):
     diff = float(jnp.max(jnp.abs(lf - lq)))
     agree = float(jnp.mean(jnp.argmax(lf, -1) == jnp.argmax(lq, -1)))
     print(f"KL mean {kl.mean():.5f} max {kl.max():.5f}; max |dlogit| {diff:.3f}; greedy agreement {agree:.3f}")
-    assert kl.mean() < 0.004 and kl.max() < 0.03 and diff < 1.5 and agree > 0.87
+    assert kl.mean() < 0.004 and kl.max() < 0.06 and diff < 1.5 and agree > 0.87
 
 
 def _tree_and_steps(model, toks):
@@ -121,8 +134,8 @@ def _tree_and_steps(model, toks):
 def test_row_independence(pair):
     """The int8 linear layers are row-independent bit for bit (test above); the float parts
     around them (attention, norms) are compiled per shape, so under jit a tree-verification
-    row may differ from its one-token row in the last bits. Measured: int8 1.9e-6 (one row of
-    six off by a few ULPs), float32 1.4e-5; bounds 1e-5 and 1e-3."""
+    row may differ from its one-token row in the last bits. Measured: int8 0 with SmoothQuant
+    (1.9e-6 without: one row of six off by a few ULPs), float32 1.3e-5; bounds 1e-5 and 1e-3."""
     m, q = pair
     toks = jnp.asarray(np.random.default_rng(1).integers(0, 256, (4, 40)), jnp.int32)
     diff = {}

@@ -102,23 +102,40 @@ def int8_matmul(x: jax.Array, wq: jax.Array, w_scale: jax.Array) -> jax.Array:
 
 class QuantLinear(nnx.Module):
     """A linear layer in W8A8: ``kernel int8[in, out]``, ``scale float32[out]``, an optional
-    float ``bias [out]``. ``__call__(x [..., in]) -> float32 [..., out]``; ``columns`` (int32[K])
-    restricts the output to those output channels (a reduced-vocabulary LM head)."""
+    float ``bias [out]`` and an optional smoothing ``smooth float32[in]`` (SmoothQuant: the
+    input is multiplied by it before quantization, the kernel was quantized from
+    ``w / smooth[:, None]``, so the product is unchanged while activation outlier channels
+    shrink). ``__call__(x [..., in]) -> float32 [..., out]``; ``columns`` (int32[K]) restricts
+    the output to those output channels (a reduced-vocabulary LM head)."""
 
-    def __init__(self, kernel: jax.Array, scale: jax.Array, bias: jax.Array | None = None):
+    def __init__(self, kernel: jax.Array, scale: jax.Array, bias: jax.Array | None = None,
+                 smooth: jax.Array | None = None):
         self.kernel = nnx.Param(kernel)  # int8[in, out]
         self.scale = nnx.Param(scale)  # f32[out]
         self.bias = None if bias is None else nnx.Param(bias)  # [out]
+        self.smooth = None if smooth is None else nnx.Param(smooth)  # f32[in]
 
     @classmethod
-    def from_float(cls, w: jax.Array, bias: jax.Array | None = None) -> QuantLinear:
-        """Quantize float weights ``w [in, out]`` (:func:`quantize_weights`); the bias stays float."""
-        return cls(*quantize_weights(w), bias)
+    def from_float(cls, w: jax.Array, bias: jax.Array | None = None, act_max: jax.Array | None = None,
+                   alpha: float = 0.5) -> QuantLinear:
+        """Quantize float weights ``w [in, out]`` (:func:`quantize_weights`); the bias stays float.
+        ``act_max float[in]`` (the largest ``|x|`` seen per input channel on calibration text)
+        turns on SmoothQuant's migration: ``s = act_max**alpha / max_j |w[:, j]|**(1 - alpha)``,
+        ``smooth = 1 / s``, kernel quantized from ``w * s[:, None]``."""
+        if act_max is None:
+            return cls(*quantize_weights(w), bias)
+        w = jnp.asarray(w, _F32)
+        w_max = jnp.max(jnp.abs(w), axis=1)  # [in]
+        s = jnp.maximum(act_max, 1e-5) ** alpha / jnp.maximum(w_max, 1e-5) ** (1 - alpha)
+        s = jnp.where((act_max > 0) & (w_max > 0), s, 1.0)
+        return cls(*quantize_weights(w * s[:, None]), bias, (1.0 / s).astype(_F32))
 
     def __call__(self, x: jax.Array, columns: jax.Array | None = None) -> jax.Array:
         wq, ws = self.kernel[...], self.scale[...]
         if columns is not None:
             wq, ws = jnp.take(wq, columns, axis=1), jnp.take(ws, columns)
+        if self.smooth is not None:
+            x = x.astype(_F32) * self.smooth[...]
         y = int8_matmul(x, wq, ws)
         if self.bias is not None:
             b = self.bias[...].astype(_F32)
@@ -126,34 +143,82 @@ class QuantLinear(nnx.Module):
         return y
 
 
-def _replace_linears(module: nnx.Module) -> None:
-    """Every ``nnx.Linear`` under ``module`` (attributes, lists) replaced by its
-    :class:`QuantLinear`, in place."""
+def _linears(module: nnx.Module, prefix: tuple = ()):
+    """``(parent, name, path, nnx.Linear)`` for every ``nnx.Linear`` under ``module``
+    (attributes and lists, depth first)."""
     items = list(enumerate(module)) if isinstance(module, nnx.List) else list(vars(module).items())
     for name, child in items:
         if isinstance(child, nnx.Linear):
-            bias = None if child.bias is None else child.bias[...]
-            new = QuantLinear.from_float(child.kernel[...], bias)
-            if isinstance(module, nnx.List):
-                module[name] = new
-            else:
-                setattr(module, name, new)
+            yield module, name, prefix + (name,), child
         elif isinstance(child, (nnx.Module, nnx.List)):
-            _replace_linears(child)
+            yield from _linears(child, prefix + (name,))
 
 
-def quantize_model(model):
+class _Recorder(nnx.Module):
+    """Stands in for a linear layer during calibration: records ``max |x|`` per input channel."""
+
+    def __init__(self, inner, stats: dict, path: tuple):
+        self.inner, self.stats, self.path = inner, stats, path
+
+    def __call__(self, x, columns=None):
+        amax = np.asarray(jnp.max(jnp.abs(x.astype(_F32)).reshape(-1, x.shape[-1]), axis=0))
+        prev = self.stats.get(self.path)
+        self.stats[self.path] = amax if prev is None else np.maximum(prev, amax)
+        return self.inner(x) if columns is None else self.inner(x, columns)
+
+
+def calibration_tokens(vocab_size: int, *, rows: int = 2, length: int = 128, seed: int = 0) -> jax.Array:
+    """The default calibration input: ``int32[rows, length]`` ids drawn uniformly from the
+    vocabulary with a fixed key (no tokenizer or text needed; activation outlier channels are
+    properties of the model, visible on any input)."""
+    return jax.random.randint(jax.random.key(seed), (rows, length), 0, vocab_size, jnp.int32)
+
+
+def activation_maxima(model, tokens: jax.Array) -> dict[tuple, np.ndarray]:
+    """``{path of each nnx.Linear (and ("lm_head",)): max |input| per channel}`` over a causal
+    forward of ``tokens int32[B, T]`` through the float ``model`` (eager, once)."""
+    from jaxspec.nn.model import forward_features  # noqa: PLC0415 (model imports this module)
+
+    graphdef, state = nnx.split(model)
+    probe = nnx.merge(graphdef, state)
+    stats: dict[tuple, np.ndarray] = {}
+    for parent, name, path, lin in list(_linears(probe)):
+        rec = _Recorder(lin, stats, path)
+        if isinstance(parent, nnx.List):
+            parent[name] = rec
+        else:
+            setattr(parent, name, rec)
+    h = forward_features(probe, tokens)  # [B, T, D]: the LM head's input
+    stats[("lm_head",)] = np.asarray(jnp.max(jnp.abs(h).reshape(-1, h.shape[-1]), axis=0))
+    return stats
+
+
+def quantize_model(model, *, calibration: jax.Array | None | str = "default", alpha: float = 0.5):
     """A W8A8 copy of the :class:`~jaxspec.nn.model.Transformer` ``model`` (which is left as
     it is): every ``nnx.Linear`` becomes a :class:`QuantLinear`, and a tied model gains an
-    int8 LM head quantized from its embedding (the embedding itself stays float). No speed
-    check: :func:`apply_quantize` is the one that falls back where int8 is slow."""
+    int8 LM head quantized from its embedding (the embedding itself stays float).
+
+    ``calibration``: token ids ``int32[B, T]`` whose activation maxima set SmoothQuant's
+    per-channel migration (strength ``alpha``); ``"default"``: :func:`calibration_tokens`;
+    None: no smoothing (plain per-row activation scales). No speed check:
+    :func:`apply_quantize` is the one that falls back where int8 is slow."""
     if is_quantized(model):
         return model
+    if isinstance(calibration, str):
+        calibration = calibration_tokens(model.config.vocab_size)
+    stats = {} if calibration is None else activation_maxima(model, jnp.asarray(calibration, jnp.int32))
     graphdef, state = nnx.split(model)
     out = nnx.merge(graphdef, state)  # a new module tree over the same (immutable) arrays
+    for parent, name, path, lin in list(_linears(out)):
+        bias = None if lin.bias is None else lin.bias[...]
+        new = QuantLinear.from_float(lin.kernel[...], bias, stats.get(path), alpha)
+        if isinstance(parent, nnx.List):
+            parent[name] = new
+        else:
+            setattr(parent, name, new)
     if out.lm_head is None:  # tied: the LM head is the embedding's transpose
-        out.lm_head = nnx.data(QuantLinear.from_float(out.embed_tokens.embedding[...].T))  # None was static
-    _replace_linears(out)
+        head = QuantLinear.from_float(out.embed_tokens.embedding[...].T, None, stats.get(("lm_head",)), alpha)
+        out.lm_head = nnx.data(head)  # None was a static attribute
     return out
 
 
@@ -181,10 +246,12 @@ def _median_call_s(fn, *args, calls: int) -> float:
 
 
 @functools.cache
-def int8_speedup(rows: int = 8, d_in: int = 512, d_out: int = 4096, calls: int = 15) -> float:
+def int8_speedup(rows: int = 4, d_in: int = 512, d_out: int = 8192, calls: int = 10) -> float:
     """float32 time / int8 time of one ``[rows, d_in] @ [d_in, d_out]`` product on the default
-    device (medians of ``calls`` calls each, turns interleaved by dtype), measured once per
-    process (a few hundred ms, mostly compilation)."""
+    device (medians of ``calls`` calls each, three turns by dtype), measured once per process
+    (about a second, mostly compilation). The product is large enough to be bound by the
+    weights' bytes, as decoding is: a CPU with fast int8 kernels (VNNI, AMX) shows about 2x,
+    one without falls well below 1 (XLA's generic int8 loops)."""
     kx, kw = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (rows, d_in), _F32)
     w = jax.random.normal(kw, (d_in, d_out), _F32)
