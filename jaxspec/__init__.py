@@ -16,6 +16,8 @@ Public API (see docs/DESIGN.md §5):
 * generation: :func:`generate` (tree speculative) and :func:`generate_autoregressive`,
   on one device or a mesh (:func:`make_mesh`, :mod:`jaxspec.nn.sharding`);
   tree specs :class:`DynamicTree`, :func:`parse_tree`; :class:`RoundParts`;
+  drafters named by a string (``"ngram"``, ``"layers:8"``, ``"module:attr"``, a model name):
+  :func:`parse_draft`;
 * drafters: the protocol :class:`Drafter` (with :class:`DraftRequest`, :class:`Prompt`,
   :class:`Context`, :class:`DraftLaw`, :class:`Proposal`, :class:`Outcome`; docs/DRAFTERS.md),
   :class:`NgramDraft` (prompt lookup), :class:`LayerSkipDraft` (the target's first layers);
@@ -50,6 +52,7 @@ _EXPORTS = {
         "tree_positions")},
     "DynamicTree": ("jaxspec.core.treespec", "DynamicTree"),
     "parse_tree": ("jaxspec.core.treespec", "parse_tree"),
+    "parse_draft": ("jaxspec.decode.draft_spec", "parse_draft"),
     # the acceptance rule
     "AcceptResult": ("jaxspec.core.rule_types", "AcceptResult"),
     "speculative_accept": ("jaxspec.core.rules", "speculative_accept"),

@@ -150,15 +150,17 @@ def test_bad_layers_are_refused():
 
 
 def test_parse():
-    assert LayerSkipDraft.parse("layers:2") == LayerSkipDraft(2)
-    assert LayerSkipDraft.parse(" Layers: 3 ") == LayerSkipDraft(3)
-    assert LayerSkipDraft.parse(LayerSkipDraft(5).spec) == LayerSkipDraft(5)
+    from jaxspec.decode.draft_spec import parse_layers  # noqa: PLC0415
+
+    assert jaxspec.parse_draft("layers:2") == LayerSkipDraft(2)
+    assert jaxspec.parse_draft(" Layers: 3 ") == LayerSkipDraft(3)
+    assert jaxspec.parse_draft(LayerSkipDraft(5).spec) == LayerSkipDraft(5)
     for bad, match in [("layers:x", r"draft spec = 'layers:x': expected 'layers:K' with an integer K >= 1"),
                        ("layers:0", r"draft spec = 'layers:0': LayerSkipDraft.layers = 0: expected an integer >= 1"),
                        ("layers:", r"draft spec = 'layers:': expected 'layers:K' with an integer K >= 1"),
                        ("layer:2", r"draft spec = 'layer:2': expected 'layers:K' \(the target's first K layers")]:
         with pytest.raises(ValueError, match=match):
-            LayerSkipDraft.parse(bad)
+            parse_layers(bad)
 
 
 # ------------------------------------------------------------------ command line

@@ -110,14 +110,16 @@ def test_bad_draft_arguments(kw, match):
 
 
 def test_parse():
-    assert NgramDraft.parse("ngram") == NgramDraft()
-    assert NgramDraft.parse("ngram:4") == NgramDraft(max_ngram=4)
-    assert NgramDraft.parse("ngram:max=4,min=2,candidates=8") == NgramDraft(4, 2, 8)
-    assert NgramDraft.parse(NgramDraft(5, 2, 16).spec) == NgramDraft(5, 2, 16)
+    from jaxspec.decode.draft_spec import parse_ngram  # noqa: PLC0415
+
+    assert jaxspec.parse_draft("ngram") == NgramDraft()
+    assert jaxspec.parse_draft("ngram:4") == NgramDraft(max_ngram=4)
+    assert jaxspec.parse_draft("ngram:max=4,min=2,candidates=8") == NgramDraft(4, 2, 8)
+    assert jaxspec.parse_draft(NgramDraft(5, 2, 16).spec) == NgramDraft(5, 2, 16)
     for bad, match in [("ngram:foo=1", "unknown field 'foo'"), ("ngram:max=x", "'x' is not an integer"),
                        ("ngram:min=5", "min_ngram = 5: expected at most"), ("lookup", "expected 'ngram'")]:
         with pytest.raises(ValueError, match=match):
-            NgramDraft.parse(bad)
+            parse_ngram(bad)
 
 
 @functools.lru_cache(maxsize=None)

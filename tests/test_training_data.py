@@ -163,7 +163,7 @@ def test_instruction_and_answer_stages_resume(smol, tmp_path):
     path = tmp_path / "instructions.jsonl"
     items = build_instructions(model, tok, path, per_category=1, rows=4, max_tokens=4, progress=False)
     batches = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [b["batch"] for b in batches] == list(range(len(batches))) and len(batches) == 3
+    assert [b["batch"] for b in batches] == list(range(len(batches))) and len(batches) == 6  # the cap: 2 x 2 x 6 / 4
     # a random model rarely ends a turn within 4 tokens; every row is accounted for
     assert all(sum(b["dropped"].values()) + len(b["kept"]) == 4 for b in batches)
     assert items == read_instructions(path) and len(items) >= 172  # the seeds come first

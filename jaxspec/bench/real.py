@@ -72,13 +72,14 @@ CONFIGS = {
 
 def _drafter(kind: str):
     """The drafter of a mode; None when it is not installed (the head)."""
-    from jaxspec.decode.layer_skip import LayerSkipDraft  # noqa: PLC0415
     from jaxspec.decode.ngram import NgramDraft  # noqa: PLC0415
 
     if kind == "ngram":
         return NgramDraft()
     if kind.startswith("layers:"):
-        return LayerSkipDraft.parse(kind)
+        from jaxspec.decode.draft_spec import parse_layers  # noqa: PLC0415
+
+        return parse_layers(kind)
     if kind in ("head", "head-whole"):
         from jaxspec.nn.checkpoint import load_draft  # noqa: PLC0415
         from jaxspec.nn.head import whole_vocab  # noqa: PLC0415

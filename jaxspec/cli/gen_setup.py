@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
 from jaxspec.cli.common import CLIError
@@ -57,19 +56,16 @@ def lookup_draft(args):
 
 
 def modelless_drafter(draft: str | None):
-    """The drafter a ``--draft`` value names when it needs no model file
-    (``ngram[:...]``, ``layers:K``), else None (a model: a folder, even one called
-    ngram, a name or a file)."""
+    """The drafter a ``--draft`` value names when it needs no model file (``ngram[:...]``,
+    ``layers:K``, a user's ``module:attr`` or ``file.py:attr``:
+    :func:`jaxspec.decode.draft_spec.drafter_spec`), else None (a model: a folder, even one
+    called ngram, a name or a file)."""
     if draft is None:
         return None
-    spec = draft.strip().lower()
-    if pathlib.Path(draft).exists() or not (spec.startswith("ngram") or spec.partition(":")[0] == "layers"):
-        return None
-    from jaxspec.decode.layer_skip import LayerSkipDraft
-    from jaxspec.decode.ngram import NgramDraft
+    from jaxspec.decode.draft_spec import drafter_spec
 
     try:
-        return (NgramDraft if spec.startswith("ngram") else LayerSkipDraft).parse(draft)
+        return drafter_spec(draft)
     except ValueError as e:
         raise CLIError(f"--draft: {e}") from None
 

@@ -425,7 +425,7 @@ def _result(args, plan: _Plan, pair: _Pair, out, baseline: bool, t_run: float, t
         "dtype": pair.target.config.dtype,
         "tokens": new_ids,  # "tokens" is always a list of ids; "num_tokens" (from s) the count
         "mode": "baseline" if baseline else "speculative",
-        "draft": None if baseline else (plan.lookup.spec if plan.lookup is not None else args.draft),
+        "draft": None if baseline else getattr(plan.lookup, "spec", args.draft),
         "tree": None if baseline else args.tree,
         "scheme": None if baseline else args.scheme,
         "rule": None if baseline else rule_name(resolve_rule(args.rule, plan.tree)),

@@ -58,24 +58,9 @@ class LayerSkipDraft:
         if not is_int(self.layers) or self.layers < 1:
             raise ValueError(f"LayerSkipDraft.layers = {self.layers!r}: expected an integer >= 1")
 
-    @classmethod
-    def parse(cls, spec: str) -> LayerSkipDraft:
-        """``"layers:K"``; errors name the spec."""
-        kind, _, value = str(spec).strip().partition(":")
-        if kind.strip().lower() != "layers":
-            raise ValueError(f"draft spec = {spec!r}: expected 'layers:K' (the target's first K layers draft)")
-        try:
-            k = int(value.strip())
-        except ValueError:
-            raise ValueError(f"draft spec = {spec!r}: expected 'layers:K' with an integer K >= 1") from None
-        try:
-            return cls(k)
-        except ValueError as e:
-            raise ValueError(f"draft spec = {spec!r}: {e}") from None
-
     @property
     def spec(self) -> str:
-        """The spec string :meth:`parse` reads back to this drafter."""
+        """The spec string :func:`jaxspec.parse_draft` reads back to this drafter."""
         return f"layers:{self.layers}"
 
     # the drafter protocol (jaxspec.decode.drafter)

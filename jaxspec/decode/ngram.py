@@ -74,41 +74,9 @@ class NgramDraft:
                 f"NgramDraft.min_ngram = {self.min_ngram}: expected at most max_ngram = {self.max_ngram}"
             )
 
-    @classmethod
-    def parse(cls, spec: str) -> NgramDraft:
-        """``"ngram"``, ``"ngram:4"`` (max_ngram) or ``"ngram:max=4,min=2,candidates=32"``;
-        errors name the spec."""
-        if not isinstance(spec, str):
-            raise ValueError(f"draft spec = {spec!r}: expected a string such as 'ngram' or 'ngram:max=3,min=1'")
-        kind, sep, body = spec.strip().partition(":")
-        if kind.strip().lower() != "ngram":
-            raise ValueError(f"draft spec = {spec!r}: expected 'ngram', 'ngram:K' or 'ngram:max=K,min=J'")
-        if not sep or not body.strip():
-            return cls()
-        names = {"max": "max_ngram", "max_ngram": "max_ngram", "min": "min_ngram", "min_ngram": "min_ngram",
-                 "candidates": "candidates"}
-        kw = {}
-        for i, item in enumerate(body.split(",")):
-            key, eq, val = item.partition("=")
-            if not eq and i == 0:
-                key, val = "max", key
-            key = key.strip().lower()
-            if key not in names:
-                raise ValueError(
-                    f"draft spec = {spec!r}: unknown field {key!r}; expected max=, min= or candidates="
-                )
-            try:
-                kw[names[key]] = int(val.strip())
-            except ValueError:
-                raise ValueError(f"draft spec = {spec!r}: {key} = {val.strip()!r} is not an integer") from None
-        try:
-            return cls(**kw)
-        except ValueError as e:
-            raise ValueError(f"draft spec = {spec!r}: {e}") from None
-
     @property
     def spec(self) -> str:
-        """The spec string :meth:`parse` reads back to this draft."""
+        """The spec string :func:`jaxspec.parse_draft` reads back to this draft."""
         return f"ngram:max={self.max_ngram},min={self.min_ngram},candidates={self.candidates}"
 
     # the drafter protocol (jaxspec.decode.drafter): no model, no params, no cache

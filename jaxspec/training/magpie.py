@@ -143,17 +143,18 @@ def seeded_dedup() -> MinHashDedup:
     return d
 
 
-def _plan(per_category: int, rows: int) -> list[tuple[str, str]]:
-    """The (category, opener) of each row of each batch: categories in turn, openers in turn
-    within a category, enough rows for ``per_category`` kept messages at a keep rate of
-    about one in two."""
-    plan = []
-    for cat, openers in OPENERS.items():
-        n = 2 * per_category
-        plan += [(cat, openers[i % len(openers)]) for i in range(n)]
-    order = np.random.default_rng(0).permutation(len(plan))  # mixed batches: one program for every category
-    plan = [plan[i] for i in order]
-    return plan[: len(plan) - len(plan) % rows] if len(plan) >= rows else plan
+def _batch_plan(index: int, rows: int, open_categories: Sequence[str]) -> list[tuple[str, str]]:
+    """The (category, opener) of each row of batch ``index``: the categories still open in
+    turn, and within a category its openers in turn, so the plan depends only on the batch's
+    index and on which categories the batches before it filled (a resumed run replays it)."""
+    n = len(open_categories)
+    out = []
+    for j in range(rows):
+        k = index * rows + j
+        cat = open_categories[k % n]
+        openers = OPENERS[cat]
+        out.append((cat, openers[(k // n) % len(openers)]))
+    return out
 
 
 def build_instructions(target, tokenizer, out: str | os.PathLike, *, per_category: int = 500, rows: int = 64,
@@ -176,8 +177,9 @@ def build_instructions(target, tokenizer, out: str | os.PathLike, *, per_categor
     out.parent.mkdir(parents=True, exist_ok=True)
     prefix = user_turn_prefix(tokenizer)
     stops = turn_stop_ids(tokenizer)
-    plan = _plan(per_category, rows)
-    batches = [plan[i:i + rows] for i in range(0, len(plan), rows)]
+    # at a keep rate far below one in two a category may never fill: stop after twice the
+    # rows that a rate of one in two would need
+    max_batches = -(-2 * 2 * per_category * len(OPENERS) // rows)
     done = _read_batches(out)
     dedup = seeded_dedup()
     kept = Counter()
@@ -186,10 +188,13 @@ def build_instructions(target, tokenizer, out: str | os.PathLike, *, per_categor
             dedup.add(text)
             kept[cat] += 1
     sampling = Sampling(**SAMPLING)
-    bar = tqdm(total=len(batches), initial=len(done), desc="instructions", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=max_batches, initial=len(done), desc="instructions", disable=not progress, dynamic_ncols=True)
     with out.open("a", encoding="utf-8") as f:
-        for i in range(len(done), len(batches)):
-            batch = batches[i]
+        for i in range(len(done), max_batches):
+            open_cats = [c for c in OPENERS if kept[c] < per_category]
+            if not open_cats:
+                break
+            batch = _batch_plan(i, rows, open_cats)
             prompts = [prefix + (_ids(tokenizer, op) if op else []) for _, op in batch]
             res = generate_autoregressive(jax.random.fold_in(jax.random.key(seed), i), target, prompts,
                                           max_new_tokens=max_tokens, sampling=sampling, stop_tokens=stops)
@@ -215,7 +220,5 @@ def build_instructions(target, tokenizer, out: str | os.PathLike, *, per_categor
             f.flush()
             bar.update(1)
             bar.set_postfix(kept=sum(kept.values()))
-            if all(kept[c] >= per_category for c in OPENERS):
-                break
     bar.close()
     return read_instructions(out)
