@@ -327,3 +327,74 @@ def test_rows_beyond_the_prompts_are_named_as_such(monkeypatch):
     with pytest.raises(ValueError, match=r"^rows = 1000000000 exceeds the 1 prompt\(s\): 1000000000 rows would need "
                                          r".*; expected rows <= 1 \(a row beyond the prompts decodes nothing\)$"):
         jaxspec.generate(jax.random.key(0), target, draft, [[1, 2]], max_new_tokens=2, rows=10**9)
+
+
+# ----------------------------------------------------------------------------- a prompt whose prefill cannot fit
+
+def _long_context_model():
+    """A 2-layer model of 4 heads with a 4096-token context (its prefill's scores grow with
+    the square of the prompt; the rest stays small)."""
+    import jax
+
+    from jaxspec.nn.model import init_model
+
+    cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return init_model(cfg, jax.random.key(0))
+
+
+def test_prompt_whose_prefill_cannot_fit_is_refused_naming_its_length(monkeypatch):
+    """An 8,101-token prompt on SmolLM2 passed the context check, then its prefill failed with
+    ``RESOURCE_EXHAUSTED: Out of memory allocating 7609225640 bytes``: the estimate left out
+    the prefill's attention scores, float32 [rows, heads, P, S]. Here a 3,000-token prompt on
+    a small model (scores of about 0.4 GB) against a device of 256 MiB: refused before
+    compiling, naming the prompt's length and the longest that fits."""
+    import re
+
+    import jax
+    import numpy as np
+
+    import jaxspec
+    from jaxspec.decode import generate as gen
+    from jaxspec.decode import memory
+
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 256 << 20)
+    monkeypatch.setattr(gen, "run_compiled", lambda *a, **k: pytest.fail("compiled: the prefill was not counted"))
+    monkeypatch.setattr(gen, "run_compiled_autoregressive",
+                        lambda *a, **k: pytest.fail("compiled: the prefill was not counted"))
+    model = _long_context_model()
+    prompt = [np.arange(3000, dtype=np.int32) % 256]
+    want = (r"^prompts: a prompt of 3000 tokens \(padded to 3008\) needs about [\d.]+ GiB for its one row, more than "
+            r"the device's 0\.2 GiB \(its prefill's attention scores over 3008 x \d+ positions alone: [\d.]+ GiB\); "
+            r"expected a prompt of at most about (\d+) tokens$")
+    for call in (lambda: jaxspec.generate_autoregressive(jax.random.key(0), model, prompt, max_new_tokens=8),
+                 lambda: jaxspec.generate(jax.random.key(0), model, model, prompt, max_new_tokens=8)):
+        with pytest.raises(ValueError, match=want) as e:
+            call()
+        longest = int(re.search(want, str(e.value)).group(1))
+        assert 1000 < longest < 3000, str(e.value)
+
+
+def test_memory_estimate_covers_what_xla_allocates_for_a_prefill():
+    """The estimate of one row is at least what XLA's compilation of the prefill keeps
+    (temporaries and outputs, ``Compiled.memory_analysis``), for a prompt long enough that
+    the attention scores dominate; compiled only, nothing allocated."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxspec.decode.memory import estimate_generate_bytes
+    from jaxspec.nn.model import prefill
+
+    model = _long_context_model()
+    gdef, state = nnx.split(model)
+    width, capacity = 1024, 1056
+
+    def start(state, tokens, lens):
+        return prefill(nnx.merge(gdef, state), tokens, lens, capacity)
+
+    spec = (jax.ShapeDtypeStruct((1, width), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    used = jax.jit(start).lower(state, *spec).compile().memory_analysis()
+    xla = used.temp_size_in_bytes + used.output_size_in_bytes
+    est = estimate_generate_bytes(model.config, None, rows=1, width=width, capacity=capacity, tree_rows=1)
+    assert est >= xla, f"estimate {est / 2**20:.1f} MiB < XLA's {xla / 2**20:.1f} MiB"

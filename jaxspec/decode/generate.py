@@ -253,7 +253,8 @@ def generate(
     cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
     check_generate_memory(target.config, getattr(drafter, "config", None), rows=cfg.rows or tokens.shape[0],
                           width=tokens.shape[1], capacity=cfg.capacity, tree_rows=cfg.num_nodes + 1,
-                          what="rows" if cfg.rows else "prompts", prompts=tokens.shape[0])
+                          what="rows" if cfg.rows else "prompts", prompts=tokens.shape[0],
+                          prompt_length=int(np.max(lens)))
     check_drafter_output(drafter, dstate, target, tree=cfg.tree, scheme=cfg.scheme, warp=cfg.draft_warp,
                          batch=cfg.rows or tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
                          budget=cfg.max_new_tokens)
@@ -336,7 +337,7 @@ def generate_autoregressive(
     )
     cfg, tokens = bucket_config(cfg, tokens, (target,), bucket)
     check_generate_memory(target.config, None, rows=tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
-                          tree_rows=1)
+                          tree_rows=1, prompt_length=int(np.max(lens)))
     return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop, on_round=_check_on_round(on_round))
 
 
