@@ -151,3 +151,36 @@ def test_the_shipped_smollm2_head_loads_by_name():
     assert isinstance(head, FeatureHead) and head.draft_vocab_size == 8192
     assert (head.config.hidden_size, head.config.vocab_size) == (576, 49152)
     assert head.fc.kernel[...].dtype == jnp.float32 and recorded_target_digest(MODELS_DIR / "smollm2-135m-head")
+
+
+def test_a_heads_preferred_tree_is_saved_loaded_and_drafted_by_default(models, tmp_path):
+    """``preferred_tree`` travels in config.json; ``jaxspec.generate(tree=None)`` drafts it
+    (one draft forward a round for chain:1), an explicit ``tree`` wins, and a bad spec on
+    disk is refused naming the key."""
+    target, head = models
+    head.preferred_tree = "chain:1"
+    try:
+        save_head(head, tmp_path / "h", target=target)
+    finally:
+        head.preferred_tree = None
+    loaded = load_head(tmp_path / "h")
+    assert loaded.preferred_tree == "chain:1"
+    kw = dict(max_new_tokens=6, sampling=jaxspec.Sampling(temperature=0), stop_tokens=())
+    default = jaxspec.generate(jax.random.key(0), target, loaded, [[1, 2, 3]], **kw)
+    chain3 = jaxspec.generate(jax.random.key(0), target, loaded, [[1, 2, 3]], tree="chain:3", **kw)
+    assert default.accepted_per_depth.shape[1] == 1 and chain3.accepted_per_depth.shape[1] == 3
+    assert int(default.draft_calls[0]) == int(default.rounds[0])  # depth 1: one draft forward a round
+    assert default.tokens.tolist() == chain3.tokens.tolist()  # greedy: the same tokens either way
+    assert jaxspec.generate(jax.random.key(0), target, head, [[1, 2, 3]], **kw).accepted_per_depth.shape[1] == 4
+
+    cfg = tmp_path / "h" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"tree": "chain:1"', '"tree": "chain:zero"'))
+    with pytest.raises(ValueError, match=r"config.json: tree = 'chain:zero'"):
+        load_head(tmp_path / "h")
+
+
+def test_the_shipped_smollm2_head_prefers_the_tree_the_command_line_drafts():
+    from jaxspec.nn.packaged import PACKAGED_MODELS  # noqa: PLC0415
+
+    entry = PACKAGED_MODELS["smollm2-135m"]
+    assert jaxspec.load_draft(entry.draft).preferred_tree == entry.tree == "chain:1"

@@ -93,19 +93,22 @@ def propose_with_model(model, cache: KVCache, ctx: Context, keys, law: DraftLaw)
 class ModuleDraft:
     """The static half of a drafter made from an ``nnx`` module (a draft model, a feature
     head): ``definition`` its ``nnx.GraphDef``, ``config`` its configuration; the module's
-    ``nnx.state`` is the params."""
+    ``nnx.state`` is the params; ``tree`` the tree the module drafts best (a feature head's
+    ``preferred_tree``), which :func:`jaxspec.generate` drafts when given ``tree=None``."""
 
     definition: nnx.GraphDef
     config: ModelConfig
+    tree: str | None = None
 
     @classmethod
     def of(cls, module, definition=None):
         """``(drafter, params)`` of ``module`` (params ``None`` when its ``definition`` is
         passed in: the caller has split it already)."""
+        tree = getattr(module, "preferred_tree", None)
         if definition is not None:
-            return cls(definition, module.config), None
+            return cls(definition, module.config, tree), None
         gdef, state = nnx.split(module)
-        return cls(gdef, module.config), state
+        return cls(gdef, module.config, tree), state
 
     @property
     def max_positions(self) -> int:

@@ -34,9 +34,12 @@ methods, and its arrays (weights; ``None`` for a drafter without any) travel bes
         own cache commit (:class:`~jaxspec.decode.round.RoundParts`): a drafter whose
         cache follows the target's slot layout applies it to keep the same slots.
 
-Two optional attributes: ``max_positions`` (an int: the drafter's position limit; checked
-against the cache capacity) and ``config`` (a :class:`~jaxspec.nn.config.ModelConfig`:
-``params`` are then split over a mesh's model axis as a model's are; otherwise replicated).
+Three optional attributes: ``max_positions`` (an int: the drafter's position limit; checked
+against the cache capacity), ``config`` (a :class:`~jaxspec.nn.config.ModelConfig`:
+``params`` are then split over a mesh's model axis as a model's are; otherwise replicated)
+and ``tree`` (a :func:`~jaxspec.core.treespec.parse_tree` spec: the tree the drafter drafts
+best, which :func:`jaxspec.generate` uses when its ``tree`` is None; absent or None: the
+library's default, ``"chain:4"``).
 
 Exactness needs nothing else from a drafter: any proposal, drawn from the laws it returns
 (or fixed), is verified by a lossless rule, so the output law is the target's. A drafter

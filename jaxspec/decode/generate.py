@@ -147,7 +147,7 @@ def generate(
     prompts,
     *,
     max_new_tokens: int,
-    tree=DEFAULT_TREE,
+    tree=None,
     scheme: str | None = None,
     rule="auto",
     sampling: Sampling | None = None,
@@ -177,8 +177,9 @@ def generate(
       max_new_tokens: budget per row (>= 1).
       tree: an int k (chain of k), a per-level branching tuple such as ``(3, 2, 1)``, a
         parents sequence starting with -1, a :class:`~jaxspec.core.treespec.DynamicTree`, or a
-        string for :func:`~jaxspec.core.treespec.parse_tree` (default :data:`DEFAULT_TREE`,
-        the tree of ``jaxspec generate``).
+        string for :func:`~jaxspec.core.treespec.parse_tree`. ``None`` (default): the
+        drafter's own ``tree`` (a feature head's ``preferred_tree``, e.g. ``"chain:1"`` for
+        ``smollm2-135m-head``), else :data:`DEFAULT_TREE`.
       scheme: sibling scheme, ``"iid"``, ``"without_replacement"`` or ``"deterministic"``
         (dynamic trees and n-gram drafts: ``"deterministic"`` only). ``None`` (default):
         ``"deterministic"`` for those, ``"without_replacement"`` otherwise.
@@ -238,6 +239,8 @@ def generate(
     """
     check_transformer("target", target)
     drafter, dstate = as_drafter(draft)
+    if tree is None:  # the tree the drafter drafts best, as jaxspec generate uses it
+        tree = getattr(drafter, "tree", None) or DEFAULT_TREE
     key = check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
     bucket = check_prompt_bucket(prompt_bucket)

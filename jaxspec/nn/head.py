@@ -67,6 +67,8 @@ HEAD_KEY = "jaxspec_head"
 DRAFT_VOCAB_KEY = "draft_vocab_size"
 #: the ``config.json`` key of the dtype floating-point tensors are stored in, when not the head's own
 STORAGE_KEY = "storage_dtype"
+#: the config.json key of the tree the head drafts best (FeatureHead.preferred_tree)
+TREE_KEY = "tree"
 _F32 = jnp.float32
 
 
@@ -124,6 +126,9 @@ class FeatureHead(nnx.Module):
             raise ValueError(f"FeatureHead: draft_vocab_size = {draft_vocab_size!r}; expected None or an integer "
                              f"from 1 to the vocabulary's {config.vocab_size}")
         self.draft_vocab = None if draft_vocab_size is None else DraftVocab(jnp.arange(draft_vocab_size, dtype=jnp.int32))
+        # the tree this head drafts best (a parse_tree spec chosen by measurement, saved in its
+        # config.json as "tree"); jaxspec.generate(tree=None) drafts it. None: the library default
+        self.preferred_tree: str | None = None
 
     @property
     def draft_vocab_size(self) -> int | None:
@@ -289,6 +294,8 @@ def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transfor
         meta[DRAFT_VOCAB_KEY] = head.draft_vocab_size
     if target is not None:
         meta["target_digest"] = target_digest(target)
+    if head.preferred_tree is not None:
+        meta[TREE_KEY] = head.preferred_tree
     flat = dict(nnx.to_flat_state(nnx.state(head)))
     tensors = {name: np.ascontiguousarray(np.asarray(flat[path].get_value()))
                for name, path in _tensor_names(nnx.state(head)).items()}
@@ -341,6 +348,15 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
             node[path[-1]] = jnp.asarray(a)
     nnx.replace_by_pure_dict(state, pure)
     head = nnx.merge(graphdef, state)
+    tree = meta.get(TREE_KEY)
+    if tree is not None:
+        from jaxspec.core.treespec import parse_tree  # noqa: PLC0415
+
+        try:
+            parse_tree(tree)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"load_head: {folder / 'config.json'}: {TREE_KEY} = {tree!r}: {e}") from None
+        head.preferred_tree = tree
     if head.draft_vocab is not None:
         _check_draft_ids(np.asarray(head.draft_vocab.get_value()), config.vocab_size,
                          f"load_head: {weights}: tensor 'draft_vocab' holds")
