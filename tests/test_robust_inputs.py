@@ -404,4 +404,4 @@ def test_generate_refuses_more_rows_than_fit_and_says_how_many_do(monkeypatch):
         jaxspec.generate(jax.random.key(0), target, draft, prompts, max_new_tokens=32)
     except ValueError as e:
         fit = int(re.search(r"about (\d+) rows fit", str(e)).group(1))
-    assert 10**5 < fit < 10**6  # the tiny model's rows: a few kB each
+    assert 5 * 10**4 < fit < 10**6  # the tiny model's rows: about 100 kB each (the prefill's scores most)
