@@ -80,8 +80,30 @@ LONG = tuple(line.strip() for line in (pathlib.Path(__file__).parent / "long_tes
              if line.strip() and not line.startswith("#"))
 
 
+def stale_long_entries(entries, nodeids) -> list[str]:
+    """The entries of tests/long_tests.txt that match none of ``nodeids`` although their file
+    (or folder) was collected whole: a renamed or removed test, which would otherwise move
+    back into the default tier without a word. Files collected only in part (``file::test``
+    on the command line) are not judged."""
+    nodeids = list(nodeids)
+    files = {n.split("::")[0] for n in nodeids}
+    stale = []
+    for entry in entries:
+        file = entry.split("::")[0]
+        collected = file in files if "::" in entry or not entry.endswith("/") else any(f.startswith(file) for f in files)
+        if collected and not any(n.startswith(entry) for n in nodeids):
+            stale.append(entry)
+    return stale
+
+
 @pytest.hookimpl(tryfirst=True)  # before the -m deselection reads the marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(LONG):
             item.add_marker(pytest.mark.long)
+    partial = {a.split("::")[0] for a in config.args if "::" in a}
+    whole = [n for n in (item.nodeid for item in items) if n.split("::")[0] not in partial]
+    stale = stale_long_entries([e for e in LONG if e.split("::")[0] not in partial], whole)
+    if stale:
+        raise pytest.UsageError("tests/long_tests.txt names tests that were not collected (renamed or removed? "
+                                "update the list): " + ", ".join(stale))
