@@ -9,6 +9,7 @@ expected (exit 2 on the command line; 1 for an internal error)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -349,8 +350,6 @@ def test_prompt_whose_prefill_cannot_fit_is_refused_naming_its_length(monkeypatc
     the prefill's attention scores, float32 [rows, heads, P, S]. Here a 3,000-token prompt on
     a small model (scores of about 0.4 GB) against a device of 256 MiB: refused before
     compiling, naming the prompt's length and the longest that fits."""
-    import re
-
     import jax
     import numpy as np
 
@@ -398,3 +397,20 @@ def test_memory_estimate_covers_what_xla_allocates_for_a_prefill():
     xla = used.temp_size_in_bytes + used.output_size_in_bytes
     est = estimate_generate_bytes(model.config, None, rows=1, width=width, capacity=capacity, tree_rows=1)
     assert est >= xla, f"estimate {est / 2**20:.1f} MiB < XLA's {xla / 2**20:.1f} MiB"
+
+
+# ----------------------------------------------------------------------------- a mutant at too few samples
+
+def test_mutant_not_rejected_at_too_few_samples_is_not_passed(capsys):
+    """``verify --mutant depth-row --draft layers:2`` at 256 samples on SmolLM2 printed PASSED,
+    exit 0, while ``--help`` says a mutant must be rejected. Here the tiny pair at 64
+    samples, where the joint test detects only TV >= 0.55: the verdict says the mutant was
+    not rejected and what this sample count can detect, exit 3 (no test rejected, no power
+    to see the bug), never PASSED."""
+    code = main(["verify", "--mutant", "depth-row", "--samples", "64", "--no-progress"])
+    out = capsys.readouterr().out
+    last = out.rstrip().splitlines()[-1]
+    assert code == 3, out
+    assert "PASSED" not in out, out
+    assert re.fullmatch(r"NOT REJECTED \(inconclusive\): MUTANT=depth-row not rejected: this sample count \(64 per "
+                        r"run\) can only detect TV >= 0\.\d+ \(power 0\.9\)", last), last

@@ -19,8 +19,10 @@ any real vocabulary without a small ``--top-k``) is tested without enumeration
 Exit status: 0 when every test passes, 1 when any is rejected, 3 when none is rejected but
 the run has no statistical power (``INCONCLUSIVE``: a test that cannot reject whatever the
 samples, e.g. a χ² test with every cell pooled into one, or a smallest detectable TV >= 1;
-see :attr:`jaxspec.exactness.report.VerifyReport.verdict`), 2 on bad input or any other failure
-(an unwritable ``--plots`` folder, a device error): never 1 unless a test rejected.
+see :attr:`jaxspec.exactness.report.VerifyReport.verdict`) or is a ``--mutant``'s that no
+test rejected (``NOT REJECTED``, never ``PASSED``: a mutant is a known bug, and the run says
+which deviations its sample count can detect), 2 on bad input or any other failure (an
+unwritable ``--plots`` folder, a device error): never 1 unless a test rejected.
 """
 
 from __future__ import annotations
@@ -178,7 +180,8 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     p.epilog = ("exit status: 0 PASSED (every test passed), 1 REJECTED (a test rejected), 3 INCONCLUSIVE (no test "
                 "rejected, but the run has no statistical power: a test that cannot reject whatever the samples, "
                 "e.g. a chi-square test with every cell pooled into one (dof 0), or a smallest detectable TV >= 1; "
-                "the summary says how many --samples are needed), 2 bad input or another failure")
+                "the summary says how many --samples are needed; or NOT REJECTED: a --mutant no test rejected, "
+                "with the smallest TV this --samples can detect), 2 bad input or another failure")
     sampling_default = "for --scheme iid / without_replacement, 1 for deterministic"
 
     g = p.add_argument_group("decoder")
@@ -208,7 +211,9 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--draft-min-p", type=unit_float,
                    help="draft min-p (default: the target's --min-p for --scheme iid / without_replacement, "
                         "none for deterministic)")
-    g.add_argument("--mutant", choices=MUTANTS, help="run a deliberately broken decoder (must be rejected)")
+    g.add_argument("--mutant", choices=MUTANTS,
+                   help="run a deliberately broken decoder: it must be rejected (exit 1); not rejected, it is "
+                        "NOT REJECTED with exit 3 and the smallest TV this --samples can detect")
     g = p.add_argument_group("models and prompt")
     g.add_argument("--target", help="target model name, folder or GGUF file (default: the tiny random pair)")
     g.add_argument("--draft", help="with --target: a draft model name or folder, a feature head, 'ngram' for "

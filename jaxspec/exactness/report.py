@@ -13,7 +13,8 @@ import os
 import numpy as np
 from scipy import stats as _scipy_stats
 
-__all__ = ["TestResult", "VerifyReport", "MAX_MIN_DETECTABLE_TV", "verdict_lines", "save_figures"]
+__all__ = ["TestResult", "VerifyReport", "MAX_MIN_DETECTABLE_TV", "verdict_lines", "mutant_not_rejected",
+           "save_figures"]
 
 #: A run whose joint test detects (power 0.9) only laws at least this far in total
 #: variation from the exact law is inconclusive: TV never exceeds 1, so such a run cannot
@@ -80,7 +81,8 @@ class VerifyReport:
     Verdict (:attr:`verdict`): ``"rejected"`` when any test is rejected; else
     ``"inconclusive"`` when the run has no statistical power (:attr:`inconclusive_reasons`:
     a test that cannot reject whatever the samples, see :attr:`TestResult.no_power`, or a
-    smallest detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`); else ``"passed"``.
+    smallest detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`) or is a mutant's that no test
+    rejected; else ``"passed"``.
     samples_needed: the fewest samples per run with which every planned test can reject
     and the smallest detectable TV is below :data:`MAX_MIN_DETECTABLE_TV` (necessary for a
     conclusive run; the two-sample test's pooling also depends on the counts).
@@ -117,9 +119,11 @@ class VerifyReport:
 
     @property
     def inconclusive_reasons(self) -> tuple[str, ...]:
-        """Why this run cannot support a pass (empty when it can): each test without power,
-        and a smallest detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`."""
-        reasons = [f"{t.name}: {t.no_power}" for t in self.tests if t.no_power]
+        """Why this run cannot support a pass (empty when it can): a mutant that no test
+        rejected (:func:`mutant_not_rejected`), each test without power, and a smallest
+        detectable TV >= :data:`MAX_MIN_DETECTABLE_TV`."""
+        reasons = [*mutant_not_rejected(self, f"TV >= {self.min_detectable_tv:.2g} (power 0.9)"),
+                   *(f"{t.name}: {t.no_power}" for t in self.tests if t.no_power)]
         if not self.min_detectable_tv < MAX_MIN_DETECTABLE_TV:
             reasons.append(f"smallest TV the joint test detects (power 0.9) is {self.min_detectable_tv:.4g} "
                            f">= {MAX_MIN_DETECTABLE_TV:g}: it cannot detect any deviation")
@@ -315,11 +319,24 @@ class VerifyReport:
         return figs
 
 
+def mutant_not_rejected(report, detects: str) -> tuple[str, ...]:
+    """The reason a mutant's run that no test rejected is not a pass (empty for any other
+    run): a mutant is a known bug, so its run not rejected says only that the tests, at this
+    sample count, see no deviation below ``detects`` (e.g. ``"TV >= 0.16 (power 0.9)"``).
+    ``report`` has ``config``, ``rejected`` and ``num_samples``."""
+    mutant = report.config.get("mutant")
+    if not mutant or report.rejected:
+        return ()
+    return (f"MUTANT={mutant} not rejected: this sample count ({report.num_samples:,} per run) can only "
+            f"detect {detects}",)
+
+
 def verdict_lines(report, no_power: str, *, details: int | None = None) -> list[str]:
     """The closing lines of a report's summary: the worst cells of its rejected tests that
     carry them (the first ``details``; all when None), then the verdict, ``no_power`` saying
-    why an inconclusive run is, followed by its ``inconclusive_reasons``. ``report`` has
-    ``verdict``, ``tests``, ``rejected`` and ``inconclusive_reasons``."""
+    why an inconclusive run is, followed by its ``inconclusive_reasons``; a mutant's run
+    that no test rejected reads ``NOT REJECTED``, never ``PASSED``. ``report`` has
+    ``config``, ``verdict``, ``tests``, ``rejected`` and ``inconclusive_reasons``."""
     lines = []
     for t in [t for t in report.rejected if t.detail][:details]:
         lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
@@ -328,6 +345,9 @@ def verdict_lines(report, no_power: str, *, details: int | None = None) -> list[
         lines.append("PASSED: every test passed")
     elif report.verdict == "rejected":
         lines.append(f"REJECTED: {len(report.rejected)} of {len(report.tests)} tests rejected")
+    elif report.config.get("mutant"):  # inconclusive_reasons starts with mutant_not_rejected's
+        lines.append(f"NOT REJECTED (inconclusive): {report.inconclusive_reasons[0]}")
+        lines += [f"  {r}" for r in report.inconclusive_reasons[1:]]
     else:
         lines.append(f"INCONCLUSIVE: no test rejected, but {no_power}")
         lines += [f"  {r}" for r in report.inconclusive_reasons]

@@ -13,7 +13,7 @@ import json
 import numpy as np
 from scipy import stats as scipy_stats
 
-from jaxspec.exactness.report import TestResult, save_figures, verdict_lines
+from jaxspec.exactness.report import TestResult, mutant_not_rejected, save_figures, verdict_lines
 
 __all__ = ["SampledReport"]
 
@@ -32,7 +32,8 @@ class SampledReport:
     each depth, over ``acceptance_rounds`` rounds.
 
     Verdict: ``"rejected"`` when any test is rejected; else ``"inconclusive"`` when a test
-    cannot reject whatever the samples (:attr:`TestResult.no_power`); else ``"passed"``."""
+    cannot reject whatever the samples (:attr:`TestResult.no_power`) or the run is a
+    mutant's (:func:`~jaxspec.exactness.report.mutant_not_rejected`); else ``"passed"``."""
 
     config: dict
     tests: tuple[TestResult, ...]
@@ -58,7 +59,11 @@ class SampledReport:
 
     @property
     def inconclusive_reasons(self) -> tuple[str, ...]:
-        return tuple(f"{t.name}: {t.no_power}" for t in self.tests if t.no_power)
+        d = self.detectable()
+        detects = ", ".join(f"TV >= {d[k]:.2g} {where}" for k, where in (
+            ("hashed_tv", f"between the hashed laws of the {self.config['horizon']} tokens"),
+            ("pit_tv", "in the PIT's law")) if d[k] is not None) + " (power 0.9)"
+        return (*mutant_not_rejected(self, detects), *(f"{t.name}: {t.no_power}" for t in self.tests if t.no_power))
 
     @property
     def verdict(self) -> str:
