@@ -126,14 +126,30 @@ def test_off_switches_store_nothing(tmp_path, how):
     assert _entries(cache) == []
 
 
-def test_the_program_store_is_an_opt_in(tmp_path):
-    """By default the compiled executables are stored and the traced programs are not;
-    $JAXSPEC_PROGRAM_STORE=on stores them as --program-store does."""
+def test_the_program_store_is_on_by_default(tmp_path):
+    """By default the command line stores the compiled executables and the traced programs;
+    --no-program-store and $JAXSPEC_PROGRAM_STORE=off keep the executables only, and
+    $JAXSPEC_PROGRAM_STORE=on wins over the flag."""
     cache = tmp_path / "xla"
-    _run(cache)
+    _run(cache, "--no-program-store")
     assert _entries(cache) and not (cache / "programs").exists()
-    _run(cache, JAXSPEC_PROGRAM_STORE="on")
+    _run(cache, JAXSPEC_PROGRAM_STORE="off")
+    assert not (cache / "programs").exists()
+    _run(cache)
     assert _entries(cache / "programs")
+    other = tmp_path / "xla2"
+    _run(other, "--no-program-store", JAXSPEC_PROGRAM_STORE="on")
+    assert _entries(other / "programs")
+
+
+def test_program_store_wanted_reads_the_variable(monkeypatch):
+    from jaxspec.cli.compile_cache import program_store_wanted  # noqa: PLC0415
+
+    monkeypatch.delenv("JAXSPEC_PROGRAM_STORE", raising=False)
+    assert program_store_wanted(True) and not program_store_wanted(False)
+    for value, want in (("on", True), ("1", True), ("off", False), ("no", False), ("", True)):
+        monkeypatch.setenv("JAXSPEC_PROGRAM_STORE", value)
+        assert program_store_wanted(True) is want, value
 
 
 def test_default_folder_is_under_the_jaxspec_cache(monkeypatch, tmp_path):

@@ -642,14 +642,14 @@ CLI_SNAPSHOT = {
     "generate": ([
         "--auto-budgets", "--auto-max-depth", "--baseline", "--chat", "--compare", "--draft", "--dtype", "--help",
         "--json",
-        "--max-new-tokens", "--mesh", "--min-p", "--no-compile-cache", "--no-warmup", "--program-store", "--prompt",
+        "--max-new-tokens", "--mesh", "--min-p", "--no-compile-cache", "--no-program-store", "--no-warmup", "--program-store", "--prompt",
         "--quantize", "--retune", "--rule", "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "--turns",
         "-h",
     ], []),
     "verify": ([
         "--alpha", "--chunk-size", "--draft", "--draft-min-p", "--draft-temperature", "--draft-top-k", "--draft-top-p",
         "--help", "--horizon", "--json", "--mesh", "--method", "--min-p", "--mutant", "--no-acceptance", "--no-compile-cache",
-        "--no-progress", "--plots", "--program-store", "--prompt", "--prompt-bucket", "--quantize", "--rule", "--samples",
+        "--no-program-store", "--no-progress", "--plots", "--program-store", "--prompt", "--prompt-bucket", "--quantize", "--rule", "--samples",
         "--scheme", "--seed", "--target", "--temperature", "--top-k", "--top-p", "--tree", "-h",
     ], []),
 }

@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache for the command line: a second ``jaxspec generate``
 or ``jaxspec verify`` with the same configuration loads its compiled programs from disk
-instead of compiling them again. With ``--program-store`` (or ``$JAXSPEC_PROGRAM_STORE=on``)
-it also keeps the traced programs (``programs/``, :mod:`jaxspec.decode.program_store`), so
+instead of compiling them again. By default the command line also keeps the traced programs
+(``--no-program-store`` or ``$JAXSPEC_PROGRAM_STORE=off`` to opt out) (``programs/``, :mod:`jaxspec.decode.program_store`), so
 that a second process skips tracing and lowering too: its first tokens came 0.82 s after
 start against 2.11 s with the executables alone (benchmarks/README.md, ``program_store``).
 
@@ -29,10 +29,14 @@ def _off(value: str) -> bool:
     return value.strip().lower() in ("off", "0", "false", "no", "none")
 
 
-def program_store_wanted() -> bool:
-    """True when ``$JAXSPEC_PROGRAM_STORE`` is ``on`` (or ``1``, ``true``, ``yes``): the
-    opt-in of the traced-program store without the flag."""
-    return os.environ.get(STORE_ENV, "").strip().lower() in ("on", "1", "true", "yes")
+def program_store_wanted(default: bool = False) -> bool:
+    """Whether to keep the traced programs: ``$JAXSPEC_PROGRAM_STORE`` ``on`` (or ``1``,
+    ``true``, ``yes``) or ``off`` (``0``, ``false``, ``no``, ``none``) when set, else ``default``
+    (the command line's ``--program-store`` / ``--no-program-store``)."""
+    env = os.environ.get(STORE_ENV, "").strip().lower()
+    if env in ("on", "1", "true", "yes"):
+        return True
+    return False if env and _off(env) else default
 
 
 def compilation_cache_dir() -> Path | None:
@@ -50,7 +54,7 @@ def enable_compilation_cache(folder: str | os.PathLike | None = None, *, store_p
     """Point JAX's persistent compilation cache at ``folder`` (default
     :func:`compilation_cache_dir`) and cache every program, however quick to compile
     (the speculative loop's pieces each compile fast; together they are seconds). With
-    ``store_programs`` (or ``$JAXSPEC_PROGRAM_STORE=on``), also keep the traced programs of
+    ``store_programs`` (``$JAXSPEC_PROGRAM_STORE`` ``on`` / ``off`` overrides it), also keep the traced programs of
     jaxspec's generation loops and of the exactness harness's blocks in its ``programs/``
     subfolder (:mod:`jaxspec.decode.program_store`).
     Returns the folder, or None when disabled or when it cannot be created (the run then
@@ -71,5 +75,5 @@ def enable_compilation_cache(folder: str | os.PathLike | None = None, *, store_p
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     # the traced programs beside the executables: a second process then skips tracing and
     # lowering too, not only XLA's compilation (jaxspec.decode.program_store)
-    program_store.use_folder(path / PROGRAMS if store_programs or program_store_wanted() else None)
+    program_store.use_folder(path / PROGRAMS if program_store_wanted(store_programs) else None)
     return path

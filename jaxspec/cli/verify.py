@@ -257,11 +257,11 @@ def verify_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--no-compile-cache", action="store_true",
                    help="do not use the persistent compilation cache ($JAXSPEC_COMPILATION_CACHE)")
-    g.add_argument("--program-store", action="store_true",
+    g.add_argument("--program-store", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the traced programs beside the compiled ones, so that the next process skips "
-                        "tracing and lowering too (first tokens sooner; keyed by the versions of jax, jaxlib and "
-                        "flax, XLA_FLAGS, the device kind and jaxspec's source; $JAXSPEC_PROGRAM_STORE=on does the "
-                        "same)")
+                        "tracing and lowering too (first tokens in about a third of the time; keyed by the "
+                        "versions of jax, jaxlib and flax, XLA_FLAGS, the device kind and jaxspec's source; "
+                        "default on: --no-program-store or $JAXSPEC_PROGRAM_STORE=off opts out)")
 
     def run(args: argparse.Namespace) -> int:
         args.mesh = flag_mesh(args.mesh)  # before anything starts JAX's backends
