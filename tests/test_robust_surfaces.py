@@ -414,3 +414,28 @@ def test_mutant_not_rejected_at_too_few_samples_is_not_passed(capsys):
     assert "PASSED" not in out, out
     assert re.fullmatch(r"NOT REJECTED \(inconclusive\): MUTANT=depth-row not rejected: this sample count \(64 per "
                         r"run\) can only detect TV >= 0\.\d+ \(power 0\.9\)", last), last
+
+
+# ----------------------------------------------------------------------------- a tree that compiles for minutes
+
+@pytest.mark.parametrize("tree, warned", [
+    ("chain:24", "--tree chain:24 (24 nodes, 24 deep): its first compilation takes about 2 min"),
+    ("branch:64", "--tree branch:64 (64 nodes, 1 deep): its first compilation takes about 10 min"),
+    ("chain:4", None),
+])
+def test_generate_warns_before_a_tree_that_compiles_for_minutes(tree, warned, monkeypatch, capsys):
+    """Deep trees (chain:24 to chain:64, a 64-leaf star) compiled for minutes with no word:
+    ``jaxspec generate`` says first, in one line, how long the compilation will take
+    (jaxspec.cli.compile_time, fitted on the embedded pair). The generation itself is
+    stubbed: only what is printed before it is tested."""
+    from jaxspec.cli import generate as cli_generate
+
+    monkeypatch.setattr(cli_generate, "_run_modes", lambda *a: ({"stub": True}, None))
+    code = main(["generate", "--prompt", "hi", "--tree", tree, "--json", "--max-new-tokens", "4",
+                 "--no-compile-cache"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    if warned is None:
+        assert "warning" not in err, err
+    else:
+        assert err.count("\n") == 1 and err.startswith(f"warning: {warned} "), err

@@ -64,6 +64,7 @@ from jaxspec.cli.common import (
     warn_if_head_for_another_target,
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
+from jaxspec.cli.compile_time import long_compile_note
 
 __all__ = ["generate_command"]
 
@@ -189,6 +190,8 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         else:  # the library's remaining checks, before compiling
             _library_config(args, plan, pair)
         modes = _modes(args, plan, pair)
+        if not (args.baseline or plan.auto) and (note := long_compile_note(plan.tree, args.tree)):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
         result, line = _run_modes(args, plan, pair, modes)
         if args.json:
             print(json.dumps(result))
