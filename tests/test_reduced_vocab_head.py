@@ -175,7 +175,10 @@ def test_a_heads_preferred_tree_is_saved_loaded_and_drafted_by_default(models, t
 
     cfg = tmp_path / "h" / "config.json"
     cfg.write_text(cfg.read_text().replace('"tree": "chain:1"', '"tree": "chain:zero"'))
-    with pytest.raises(ValueError, match=r"config.json: tree = 'chain:zero'"):
+    with pytest.raises(ValueError, match=r"chain:zero"):  # parsed where it is used
+        jaxspec.generate(jax.random.key(0), target, load_head(tmp_path / "h"), [[1, 2, 3]], **kw)
+    cfg.write_text(cfg.read_text().replace('"tree": "chain:zero"', '"tree": 3'))
+    with pytest.raises(ValueError, match=r"config.json: tree = 3; expected a tree spec string"):
         load_head(tmp_path / "h")
 
 

@@ -191,3 +191,29 @@ def test_instruction_and_answer_stages_resume(smol, tmp_path):
     assert {r.instruction: r.answer for r in again if r.setting == 0} == greedy
     with pytest.raises(ValueError, match="max_new_tokens = 6 on disk, 8 in this run"):
         write_answers(model, tok, items, out, **{**kw, "max_new_tokens": 8})
+
+
+def test_the_whole_recipe_on_a_tiny_model(smol, tmp_path):
+    """run_recipe's five stages end to end (a tiny model of SmolLM2's vocabulary, a few steps),
+    then a second run finds every stage done; a base tokenizer's prompts are corpus windows."""
+    from jaxspec.training.recipe import base_prompts, run_recipe  # noqa: PLC0415
+    from jaxspec.training.train import TrainConfig  # noqa: PLC0415
+
+    tok, model = smol
+    cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, warmup_steps=1, eval_every=2, eval_windows=2,
+                      checkpoint_every=2)
+    kw = dict(model_digest="weights:test", per_category=1, max_new_tokens=24, rows=8, vocab=512,
+              train_config=cfg, progress=False)
+    rep = run_recipe(model, tok, tmp_path, **kw)
+    assert rep["instructions"] >= 172 and rep["answers"]["answer_tokens"] >= 24 * rep["answers"]["records"] // 2
+    assert set(rep["coverage"]) == {1024, 2048, 4096, 8192, 16384, tok.vocab_size}
+    assert rep["coverage"][tok.vocab_size] == pytest.approx(1.0, abs=1e-4)
+    assert rep["train"].final_dir is not None and (tmp_path / "final" / "config.json").exists()
+    head = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert head["draft_vocab_size"] == 512
+    again = run_recipe(model, tok, tmp_path, **{**kw, "stages": ("instructions", "answers")})
+    assert again["answers"] == rep["answers"]
+    with pytest.raises(ValueError, match=r"'talk' is not one of"):
+        run_recipe(model, tok, tmp_path, **{**kw, "stages": ("talk",)})
+    windows = base_prompts(tok, count=4)
+    assert 1 <= len(windows) <= 4 and all(cat == "corpus" and len(text) > 10 for cat, text in windows)

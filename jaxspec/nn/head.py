@@ -349,13 +349,10 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
     nnx.replace_by_pure_dict(state, pure)
     head = nnx.merge(graphdef, state)
     tree = meta.get(TREE_KEY)
-    if tree is not None:
-        from jaxspec.core.treespec import parse_tree  # noqa: PLC0415
-
-        try:
-            parse_tree(tree)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"load_head: {folder / 'config.json'}: {TREE_KEY} = {tree!r}: {e}") from None
+    if tree is not None:  # parsed where it is used (jaxspec.generate names it as its tree)
+        if not isinstance(tree, str) or not tree.strip():
+            raise ValueError(f"load_head: {folder / 'config.json'}: {TREE_KEY} = {tree!r}; expected a tree spec "
+                             "string such as 'chain:1'")
         head.preferred_tree = tree
     if head.draft_vocab is not None:
         _check_draft_ids(np.asarray(head.draft_vocab.get_value()), config.vocab_size,

@@ -60,8 +60,8 @@ def write_answers(target, tokenizer, items: Sequence[tuple[str, list[dict]]], ou
                   segment: int = 128, rows: int = 64, shard_records: int = 256, seed: int = 0,
                   stop_tokens: Sequence[int] | None = None, progress: bool = True,
                   deadline: float | None = None) -> list[Record]:
-    """Answers ``items`` (``[(category, messages)]``) with ``target`` through ``tokenizer``'s
-    chat template, appending shards to ``out``; returns every record in ``out``.
+    """Answers ``items`` (``[(category, messages)]``, or ``[(category, text)]`` for a base
+    model's plain prompts) with ``target`` through ``tokenizer``'s chat template, appending shards to ``out``; returns every record in ``out``.
 
     ``stop_tokens``: default the tokenizer's end-of-text id. ``deadline``: a ``time.time()``
     after which no new segment starts (the records so far are written; run again to go on)."""
@@ -80,7 +80,9 @@ def write_answers(target, tokenizer, items: Sequence[tuple[str, list[dict]]], ou
         "max_new_tokens": max_new_tokens, "stop_tokens": list(stops), "seed": seed, "num_instructions": len(items)})
     done = {(r.instruction, r.setting) for r in read_shards(out)}
     todo = [j for j in jobs_for(len(items), settings) if j not in done]
-    prompts = {i: tokenizer.encode_chat(items[i][1]) for i in {i for i, _ in todo}}
+    # a chat (a list of messages) through the template; a plain text (a base model's prompt) as it is
+    prompts = {i: tokenizer.encode(items[i][1]) if isinstance(items[i][1], str) else tokenizer.encode_chat(items[i][1])
+               for i in {i for i, _ in todo}}
     # the queue: (instruction, setting, answer so far); shorter prompts first within a setting,
     # so a batch's rows have similar widths (less padding)
     queue = sorted(((i, s, ()) for i, s in todo), key=lambda j: (j[1], len(prompts[j[0]])))
