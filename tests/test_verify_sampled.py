@@ -147,6 +147,10 @@ def test_summary_names_the_method_and_each_tests_power():
     assert np.isclose(r.to_dict()["detectable"]["pit_tv"], [t.detectable for t in r.tests
                                                             if t.name == "speculative PIT [p] pooled chi2"][0])
     assert isinstance(jaxspec.exactness.SampledReport, type)
+    # the float drift of the verification forward against one-token forwards (float32: last bits)
+    d = r.config["drift"]
+    assert d["positions"] > 0 and d["dtype"] == "float32" and d["max_abs_dlogit"] < 1e-3, d
+    assert any(s.startswith("  float drift (float32)") for s in lines)
 
 
 def test_a_one_sequence_prefix_is_agreement_not_a_lack_of_power():

@@ -35,6 +35,7 @@ from jaxspec.core.settings import Sampling
 from jaxspec.errors import SettingError
 from jaxspec.exactness import stats
 from jaxspec.exactness.exact_laws import MAX_CELLS, cells_bound
+from jaxspec.exactness.drift import forward_drift
 from jaxspec.exactness.hashed import hash_cells, hashed_tests
 from jaxspec.exactness.pit import ORDERS, PitTest, pit_tests, pit_values
 from jaxspec.exactness.report import TestResult
@@ -165,6 +166,12 @@ def run_sampled(run, draw, *, alpha: float, progress: bool, t_start: float, conf
                                         spec["samples"], ar["samples"], sampling, alpha=alpha, progress=progress)
     config = dict(config, hashed_cells=data["hashed_cells"], pit_bins=data["bins"], pit_orders=list(ORDERS))
     timings["tests_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    # the verifier's logits against one-token forwards over the first samples: the float gap
+    # between the law the decoder samples and target-only decoding's (jaxspec/exactness/drift.py)
+    config["drift"] = forward_drift(run.target, run.prompt, spec["samples"],
+                                    getattr(run.setup.spec_cfg.tree, "depth", 1))
+    timings["drift_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
     timings = finish_timings(timings, run.num_samples)
     rounds = max(int(spec["rounds"]), 1)

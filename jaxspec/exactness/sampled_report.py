@@ -22,6 +22,16 @@ _POOLED_TEST = {"speculative [p]": "speculative PIT [p] pooled chi2", "speculati
                 "target-only [p]": "target-only PIT (control) pooled chi2"}
 
 
+def _drift_line(d: dict | None) -> list[str]:
+    """The summary's line on the float drift (jaxspec/exactness/drift.py), where measured."""
+    if not d or not d.get("positions"):
+        return []
+    return [f"  float drift ({d['dtype']}): the verification forward (chunks of {d['chunk']} under the tree mask) "
+            f"against one-token forwards over {d['positions']} positions of the first {d['samples']} samples: "
+            f"max |delta logit| {d['max_abs_dlogit']:.3g}, TV per position mean {d['tv_mean']:.3g} max "
+            f"{d['tv_max']:.3g}, argmax differs at {d['argmax_flips']}; the decoder samples the verifier's law"]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SampledReport:
     """Outcome of the sampled path. ``spec_samples`` / ``ar_samples`` int32[S, L]: the
@@ -137,6 +147,7 @@ class SampledReport:
             f"{d['hashed_tv']:.4g} between the hashed laws of the {c['horizon']} tokens",
             f"  impossible tokens (probability 0 under the target's law): {self.impossible['speculative']} "
             f"speculative, {self.impossible['target_only']} target-only",
+            *_drift_line(c.get("drift")),
             "  acceptance per depth: [" + ", ".join(f"{x:.4f}" for x in self.acceptance_observed)
             + f"] over {self.acceptance_rounds:,} rounds; tokens per round {self.tokens_per_round:.4f}",
             f"  note: {self.acceptance_note}",
