@@ -633,9 +633,10 @@ CLI_SNAPSHOT = {
     ], []),
     "train-head": ([
         "--batch-size", "--checkpoint-every", "--clip-norm", "--eval-every", "--eval-windows", "--export",
-        "--feature-weight", "--heads", "--help", "--intermediate-size", "--kv-heads", "--lr", "--max-files",
-        "--min-lr-ratio", "--no-progress", "--noise", "--out", "--resume", "--seed", "--seq-len", "--steps",
-        "--stop-at", "--target", "--unroll", "--warmup-steps", "--weight-decay", "-h",
+        "--feature-weight", "--heads", "--help", "--hours", "--intermediate-size", "--kv-heads", "--lr",
+        "--max-files", "--max-new-tokens", "--min-lr-ratio", "--no-progress", "--noise", "--out", "--per-category",
+        "--recipe", "--resume", "--seed",
+        "--seq-len", "--steps", "--stop-at", "--target", "--unroll", "--warmup-steps", "--weight-decay", "-h",
     ], []),
     "bench": (["--help", "--json", "--only", "--out", "--quick", "--rule", "--tiny", "-h"], []),
     "export": (["--dtype", "--help", "--max-shard-mb", "-h"], ["model", "out_dir"]),

@@ -288,3 +288,22 @@ def test_cli_divergence_exits_1(target_folder, tmp_path, capsys):
     assert err.startswith("jaxspec train-head: error: train-head: the run diverged at step "), err
     assert "--lr = 3e+38" in err and "TrainConfig" not in err
     assert not (out / "final").exists()
+
+
+def test_cli_recipe_end_to_end_on_a_base_model(tmp_path, capsys):
+    """``jaxspec train-head --recipe`` on the embedded target (a base model, no chat template:
+    it continues corpus windows): data, features, vocabulary and training in one command,
+    and a second run finds the data stages done."""
+    out = tmp_path / "recipe"
+    argv = ["train-head", "--target", "default-target", "--recipe", "--per-category", "4", "--max-new-tokens", "8",
+            "--steps", "3", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "16", "--eval-windows", "2",
+            "--eval-every", "2", "--checkpoint-every", "2", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 0
+    res = strict_json(capsys.readouterr().out)
+    assert res["answers"]["records"] >= 24 and res["answers"]["answer_tokens"] > 0
+    assert res["model"] == str(out / "final") and 0 <= res["alpha_after"] <= 1
+    assert load_head(res["model"]).config.vocab_size == 264  # the embedded target's ids: 256 bytes + specials
+    assert not (out / "instructions.jsonl").exists()  # no chat template: corpus windows instead
+    shards = sorted((out / "answers").glob("shard_*.npz"))
+    assert cli.main([*argv, "--resume"]) == 0  # every data stage done; training resumes at its end
+    assert sorted((out / "answers").glob("shard_*.npz")) == shards

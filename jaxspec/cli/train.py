@@ -270,12 +270,26 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
     g.add_argument("--unroll", type=positive_int, default=1, metavar="S",
                    help="train draft depths 1..S, depth s reading the head's own depth s-1 predictions as in "
                         f"drafting (at most {MAX_UNROLL}; default: 1)")
+    g = p.add_argument_group("the whole recipe (a chat or base target; docs/TRAINING.md)")
+    g.add_argument("--recipe", action="store_true",
+                   help="in --out, the target writes its own instructions and answers them, then the head trains "
+                        "on the target's features there (jaxspec.training.recipe; every stage resumes: run the "
+                        "same command again to go on)")
+    g.add_argument("--hours", type=positive_float, default=None,
+                   help="with --recipe: start no new batch of data after this many hours")
+    g.add_argument("--per-category", type=positive_int, default=500,
+                   help="with --recipe: instructions the target writes per category (a base model: 6 times as many "
+                        "windows of the corpus to continue; default 500)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=256,
+                   help="with --recipe: an answer's token budget (default 256)")
     _add_train_args(p)
 
     def run(args) -> int:
         from jaxspec.nn.head import head_config
         from jaxspec.training.head import head_params, train_head
 
+        if args.recipe:
+            return _recipe(args)
         tc = _train_config(args)
         _check_output_dirs(args)
         target = load_flag_model("--target", args.target)
@@ -300,6 +314,37 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
         return 0
 
     return run
+
+
+def _recipe(args) -> int:
+    """``train-head --recipe``: :func:`jaxspec.training.recipe.run_recipe` in ``--out``."""
+    from jaxspec.nn.hf_tokenizer import load_tokenizer
+    from jaxspec.training.recipe import model_digest, run_recipe
+
+    target = load_flag_model("--target", args.target)
+    try:
+        tok = load_tokenizer(args.target)
+    except (ValueError, FileNotFoundError) as e:
+        raise CLIError(f"--target {args.target}: --recipe needs the target's tokenizer: {e}") from None
+    tc = _train_config(args)
+    report: dict = {}
+
+    def fit():
+        report.update(run_recipe(target, tok, args.out, model_digest=model_digest(args.target, target), train_config=tc,
+                                 steps=tc.steps, stop_at=args.stop_at, hours=args.hours, seed=args.seed,
+                                 per_category=args.per_category, max_new_tokens=args.max_new_tokens,
+                                 progress=not args.no_progress))
+        return report.get("train")
+
+    class _DataOnly:  # the data stages stopped at --hours: no training yet
+        final_dir, step, total_train_time_s = None, 0, 0.0
+
+    r, status = _fit("train-head", args, lambda: fit() or _DataOnly())
+    if r is None:
+        return status
+    _print_json({**{k: v for k, v in report.items() if k != "train"}, "alpha_before": r.alpha_before,
+                 "alpha_after": r.alpha_after, "model": str(r.final_dir)})
+    return 0
 
 
 def _stopped(r) -> int:

@@ -107,11 +107,14 @@ def run_recipe(target, tokenizer, out, *, model_digest: str, stages=STAGES, per_
                                    rows=rows, seed=seed, progress=progress)
         report["instructions"] = len(items)
     if "answers" in stages:
-        items = read_instructions(out / "instructions.jsonl") if chat else base_prompts(tokenizer)
+        items = read_instructions(out / "instructions.jsonl") if chat else base_prompts(tokenizer, 6 * per_category)
         records = write_answers(target, tokenizer, items, out / "answers", model_digest=model_digest,
                                 max_new_tokens=max_new_tokens, rows=rows, seed=seed, progress=progress,
                                 deadline=deadline)
         report["answers"] = {"records": len(records), "answer_tokens": count_tokens(records)}
+        if deadline is not None and time.time() >= deadline:  # the answers may be unfinished: train later
+            report["stopped"] = f"after {hours} hours, in the answers stage; run again to go on"
+            return report
     if not {"features", "vocab", "train"} & set(stages):
         return report
     from jaxspec.training.feature_cache import build_feature_cache  # noqa: PLC0415
