@@ -100,6 +100,10 @@ def test_quantized_model_structure(pair):
     assert quant.quantize_model(q) is q
     tied = quant.quantize_model(default_pair(0)[0])
     assert isinstance(tied.lm_head, quant.QuantLinear)
+    # a head trained on the float model is a head for its int8 copy: the same target digest
+    from jaxspec.nn.head import target_digest  # noqa: PLC0415
+
+    assert target_digest(q) == target_digest(m) == q.float_digest
 
 
 def test_int8_forward_close_to_float32(pair):

@@ -245,7 +245,11 @@ def check_head_config_for(name: str, config: ModelConfig, target: Transformer) -
 
 def target_digest(target: Transformer) -> str:
     """A short digest of the target's weights: a saved head records the target it was
-    trained on."""
+    trained on. A W8A8 copy (:func:`jaxspec.nn.quant.quantize_model`) answers with the digest
+    of the float weights it was made from."""
+    recorded = getattr(target, "float_digest", None)
+    if recorded is not None:
+        return recorded
     h = hashlib.sha256()
     for path, var in sorted(nnx.to_flat_state(nnx.state(target)), key=lambda pv: str(pv[0])):
         h.update(str(path).encode())

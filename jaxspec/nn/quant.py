@@ -219,6 +219,11 @@ def quantize_model(model, *, calibration: jax.Array | None | str = "default", al
     if out.lm_head is None:  # tied: the LM head is the embedding's transpose
         head = QuantLinear.from_float(out.embed_tokens.embedding[...].T, None, stats.get(("lm_head",)), alpha)
         out.lm_head = nnx.data(head)  # None was a static attribute
+    # a head trained on the float model drafts for its int8 copy: both answer to the float
+    # weights' digest (jaxspec.nn.head.target_digest), so no "another target" warning
+    from jaxspec.nn.head import target_digest  # noqa: PLC0415 (head imports the model; quant is imported by it)
+
+    out.float_digest = target_digest(model)
     return out
 
 
