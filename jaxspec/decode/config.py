@@ -63,8 +63,9 @@ class SpecConfig:
 
     @property
     def draft_calls_per_round(self) -> int:
-        """The drafter's forwards per round (:meth:`~jaxspec.decode.drafter.Drafter.forwards`)."""
-        return int(self.draft_def.forwards(self.tree))
+        """The drafter's forwards per round (its optional ``forwards(tree)``; 0 without one)."""
+        forwards = getattr(self.draft_def, "forwards", None)
+        return int(forwards(self.tree)) if callable(forwards) else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The drafter protocol: what proposes the tree that the target verifies.
 
-A *drafter* is a hashable object (it is part of the compiled configuration) with five
-methods, and its arrays (weights; ``None`` for a drafter without any) travel beside it as
+A *drafter* is a hashable object (it is part of the compiled configuration) with four
+methods (the :class:`Drafter` protocol, the one definition that :func:`check_drafter` checks), and its arrays (weights; ``None`` for a drafter without any) travel beside it as
 ``params``, a pytree passed to each method, as optax passes ``params`` to a
 ``GradientTransformation``::
 
@@ -11,9 +11,6 @@ methods, and its arrays (weights; ``None`` for a drafter without any) travel bes
         whose vocabulary it does not share), naming the argument; return the sibling
         scheme it serves (``request.scheme``, or its default when that is None). Fixed
         choices (proposals without laws) serve only ``"deterministic"``.
-    forwards(tree) -> int
-        Draft forward passes per round (a count for statistics and cost models; 0 for a
-        drafter without a model).
     init(params, target, prompt: Prompt) -> state
         The drafter's loop state after the prompt (a pytree: per-row arrays with rows on
         axis 0; a :class:`~jaxspec.nn.cache.KVCache`'s rows on axis 1).
@@ -34,7 +31,8 @@ methods, and its arrays (weights; ``None`` for a drafter without any) travel bes
         own cache commit (:class:`~jaxspec.decode.round.RoundParts`): a drafter whose
         cache follows the target's slot layout applies it to keep the same slots.
 
-Three optional attributes: ``max_positions`` (an int: the drafter's position limit; checked
+Optional attributes: ``forwards(tree) -> int`` (draft forward passes per round, for
+statistics and cost models; absent: 0, as for a drafter without a model), ``max_positions`` (an int: the drafter's position limit; checked
 against the cache capacity), ``config`` (a :class:`~jaxspec.nn.config.ModelConfig`:
 ``params`` are then split over a mesh's model axis as a model's are; otherwise replicated)
 and ``tree`` (a :func:`~jaxspec.core.treespec.parse_tree` spec: the tree the drafter drafts
@@ -68,7 +66,6 @@ from jaxspec.core.sampling import Warp
 __all__ = ["Drafter", "DraftRequest", "Prompt", "Context", "DraftLaw", "Proposal", "Outcome", "check_drafter",
            "refuse_draft_sampling", "DRAFTER_METHODS"]
 
-DRAFTER_METHODS = ("check", "forwards", "init", "propose", "commit")
 
 
 class DraftRequest(NamedTuple):
@@ -143,13 +140,15 @@ class Drafter(Protocol):
 
     def check(self, target, request: DraftRequest) -> str: ...
 
-    def forwards(self, tree) -> int: ...
-
     def init(self, params, target, prompt: Prompt) -> Any: ...
 
     def propose(self, params, target, state, ctx: Context, keys, law: DraftLaw) -> Proposal: ...
 
     def commit(self, params, state, outcome: Outcome, commit_cache: Callable) -> Any: ...
+
+
+#: the protocol's methods, read from :class:`Drafter` itself (what :func:`check_drafter` checks)
+DRAFTER_METHODS = tuple(n for n, v in vars(Drafter).items() if callable(v) and not n.startswith("_"))
 
 
 def check_drafter(name: str, drafter) -> Drafter:
