@@ -201,14 +201,16 @@ def _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_samplin
            prompt_bucket=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
-    ``prompt``: built, and validated, by their own :func:`jaxspec.decode.generate.build_config`
-    and :func:`~jaxspec.decode.generate.build_ar_config`, then padded to ``prompt_bucket``
+    ``prompt``: built, and validated, by :func:`jaxspec.decode.generate.build_config` (once:
+    the first-round configuration is the same with a budget of 1) and
+    :func:`~jaxspec.decode.generate.build_ar_config`, then padded to ``prompt_bucket``
     (:func:`~jaxspec.decode.generate.bucket_config`; ``None``: the prompt's own width, what
     ``generate(..., prompt_bucket=None)`` compiles)."""
     settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, sampling=sampling, draft_sampling=draft_sampling)
     t = len(prompt)
     spec_cfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
-    first_cfg, _, _ = gen.build_config(target, draft, prompt_length=t, max_new_tokens=1, **settings)
+    # the first-round run differs only in its budget (and so its cache, by the same amount)
+    first_cfg = dataclasses.replace(spec_cfg, max_new_tokens=1, capacity=spec_cfg.capacity - (spec_cfg.max_new_tokens - 1))
     ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, sampling=sampling)
     one = np.zeros((1, t), np.int32)
     (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), prompt_bucket)
