@@ -170,6 +170,15 @@ def test_row_leak_is_rejected_by_the_row_pairs_only():
     assert all(t.passed for t in r.tests if not t.name.startswith("rows ")), r.summary()
 
 
+@pytest.mark.parametrize("mutant", mutants.DRAW_MUTANTS)
+def test_a_draw_mutant_under_fixed_choices_is_refused(mutant):
+    """draft-noise-reuse and draft-precision break the draft's random draws: under the
+    deterministic scheme there are none (they would test the library's decoder)."""
+    with pytest.raises(ValueError, match=f"mutant = '{mutant}': breaks the draft's random draws"):
+        verify(num_samples=64, mutant=mutant, scheme="deterministic", progress=False, **{
+            k: v for k, v in BRANCHING.items() if k != "scheme"})
+
+
 def test_row_pairs_of_an_odd_block_and_of_one_row():
     """Pairs never cross a block: an odd block leaves its last row unpaired; a block of one
     row has no pair, and the report says the row tests had no power."""

@@ -446,6 +446,10 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
         if rules.tree_kind(setup.spec_cfg.tree) not in kinds:
             raise ValueError(f"mutant = {mutant!r}: breaks {label} verification, which runs on "
                              f"{' and '.join(k + 's' for k in kinds)} only, got tree = {tree!r}")
+    if mutant in mutants.DRAW_MUTANTS and setup.spec_cfg.scheme == "deterministic":
+        raise ValueError(f"mutant = {mutant!r}: breaks the draft's random draws, which the scheme 'deterministic' "
+                         "(fixed choices, e.g. --draft ngram) does not make: use scheme iid or without_replacement "
+                         "with a drafter that draws (a model, a head, layer skip)")
     setup, mesh, devices = _placement(setup, target, mesh, devices)
     chunk = (default_chunk(devices, target, draft, setup.spec_cfg.num_nodes, horizon) if chunk_size is None
              else _check_count("chunk_size", chunk_size))

@@ -69,13 +69,16 @@ from jaxspec.core.token_rule import accept_core, choose_path
 from jaxspec.core.traversal import traversal_with_update
 from jaxspec.decode.round import RoundParts, commit_path, split_round_keys
 
-__all__ = ["MUTANTS", "MUTANT_RULE", "describe", "round_parts", "check_mutant"]
+__all__ = ["MUTANTS", "MUTANT_RULE", "DRAW_MUTANTS", "describe", "round_parts", "check_mutant"]
 
 MUTANTS = (
     "no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot",
     "block-unclipped", "block-first-failure", "block-token-residual", "traversal-parent-update",
     "draft-noise-reuse", "draft-precision", "row-leak",
 )
+
+#: the mutants that break the draft's random draws (nothing to break under ``deterministic``)
+DRAW_MUTANTS = ("draft-noise-reuse", "draft-precision")
 
 #: the rule each mutant breaks (a block mutant needs a chain; its acceptance is compared
 #: with block verification's exact expectation)
