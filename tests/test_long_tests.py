@@ -1,7 +1,14 @@
 """tests/long_tests.txt cannot drift: an entry naming no collected test stops the run
 (tests/conftest.py, ``stale_long_entries``)."""
 
-from conftest import stale_long_entries
+from conftest import STALE_LONG, stale_long_entries
+
+
+def test_no_entry_is_stale(request):
+    """Every entry of tests/long_tests.txt whose file this run collected whole names a
+    collected test (the doc-block tests are named by line: editing a doc moves them)."""
+    stale = request.config.stash.get(STALE_LONG, [])
+    assert not stale, f"tests/long_tests.txt names tests that were not collected (renamed or removed?): {stale}"
 
 
 def test_stale_entries_literal():
