@@ -70,7 +70,7 @@ def mutant_emitted_law(parents, t, d_draw, d_rule, c0: int, length: int) -> np.n
                 ctx = c if r == 0 else tok[r - 1]
                 for node in ks:
                     laws[node] = d_rule[ctx]
-            rl._token_round(parents, tok, laws, t, c, out, pr)
+            rl.token_round(parents, tok, laws, t, c, out, pr)
         return out
 
     @functools.cache

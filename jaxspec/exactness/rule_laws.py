@@ -251,7 +251,7 @@ def _ratio_min1(a, b):
     return 1.0 if a > 0 else 0.0
 
 
-def _token_round(parents, tok, laws, t, c0, out, weight):
+def token_round(parents, tok, laws, t, c0, out, weight):
     """DESIGN.md §2 on a tree: try children in order, accept x with min(1, p(x) / q_k(x)),
     on reject p <- normalize([p - q_k]_+); an accepted leaf emits its bonus from its row;
     when no child is left emit from the current p."""
@@ -425,7 +425,7 @@ def round_law(rule, parents, t, d, c0, scheme, **opts) -> dict:
     out: dict = {}
     for tok, laws, pr in draft_outcomes(parents, d, int(c0), scheme):
         if rule == "token":
-            _token_round(parents, tok, laws, t, c0, out, pr)
+            token_round(parents, tok, laws, t, c0, out, pr)
         elif rule == "block":
             _block_round(parents, tok, laws, t, d, c0, out, pr)
         elif rule == "block-noclip":
