@@ -412,8 +412,9 @@ def _write_word_tokenizer(folder):
     tok.save(str(folder / "tokenizer.json"))
 
 
-class _Stop(Exception):
-    """Raised by the stubs below with the prompt ids the command computed (main lets it through)."""
+class _Stop(BaseException):
+    """Raised by the stubs below with the prompt ids the command computed (a BaseException:
+    the command line's last-resort handler turns an Exception into one line and status 1)."""
 
 
 def _prompt_ids(monkeypatch, capsys, argv):

@@ -459,8 +459,10 @@ def test_verify_has_no_configuration_of_its_own(monkeypatch):
     for name in ("build_config", "build_ar_config"):
         monkeypatch.setattr(gen, name, one_more_slot(getattr(gen, name)))
     seen = _verify_streams(monkeypatch, prompt_bucket=None)  # unpadded: the very objects (padding copies them)
-    assert len(built) == 3
-    assert all(seen[k][0] is b for k, b in zip(("spec", "first", "ar"), built, strict=True))
+    assert len(built) == 2  # the first-round configuration is the speculative one with a budget of 1
+    spec, ar = built
+    assert seen["spec"][0] is spec and seen["ar"][0] is ar
+    assert seen["first"][0] == dataclasses.replace(spec, max_new_tokens=1, capacity=spec.capacity - spec.max_new_tokens + 1)
 
 
 @pytest.mark.parametrize(
