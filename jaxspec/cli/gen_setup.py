@@ -9,7 +9,7 @@ import sys
 from jaxspec.cli.common import CLIError
 
 __all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "auto_budgets", "prompt_ids", "lookup_draft", "modelless_drafter", "draft_name",
-           "default_draft_and_tree", "check_room", "check_same_tokenizer", "auto_tree_for"]
+           "default_draft_and_tree", "packaged_draft", "check_room", "check_same_tokenizer", "auto_tree_for"]
 
 DEFAULT_TARGET, DEFAULT_DRAFT = "default-target", "default-draft"  # the embedded pair
 
@@ -89,19 +89,30 @@ def draft_name(args) -> str:
     )
 
 
+def packaged_draft(target: str) -> tuple[str | None, str | None]:
+    """The drafter a packaged target drafts with by default and its tree
+    (:class:`jaxspec.nn.packaged.PackagedModel` ``draft`` and ``tree``; e.g. ``smollm2-135m``
+    -> ``("smollm2-135m-head", "chain:1")``), or ``(None, None)``: one rule for
+    ``jaxspec generate`` and ``jaxspec verify``."""
+    from jaxspec.nn.packaged import PACKAGED_MODELS, is_packaged_name
+
+    entry = PACKAGED_MODELS[target] if is_packaged_name(target) else None
+    if entry is None or entry.draft is None:
+        return None, None
+    return entry.draft, entry.tree
+
+
 def default_draft_and_tree(args, default_tree: str) -> None:
     """Fill in ``--draft`` and ``--tree`` when they are not given: a packaged target with a
     drafter of its own (:class:`jaxspec.nn.packaged.PackagedModel` ``draft``, e.g.
     ``smollm2-135m`` -> ``smollm2-135m-head``) gets that drafter and the tree chosen for it;
     otherwise ``--tree`` is ``default_tree`` and ``--draft`` is left to :func:`draft_name`."""
-    from jaxspec.nn.packaged import PACKAGED_MODELS, is_packaged_name
-
-    entry = PACKAGED_MODELS[args.target] if is_packaged_name(args.target) else None
-    own = entry is not None and entry.draft is not None and not args.baseline
+    draft, tree = packaged_draft(args.target)
+    own = draft is not None and not args.baseline
     if own and args.draft is None:
-        args.draft = entry.draft
+        args.draft = draft
     if args.tree is None:
-        args.tree = entry.tree if own and args.draft == entry.draft and entry.tree else default_tree
+        args.tree = tree if own and args.draft == draft and tree else default_tree
 
 
 def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:

@@ -314,8 +314,15 @@ def _run(args: argparse.Namespace) -> int:
     from jaxspec.exactness.harness import DEFAULT_TREE, MUTANT_CONFIG, verify
     from jaxspec.exactness.mutants import MUTANT_RULE
 
+    if args.target is not None and args.draft is None:  # a packaged target's own drafter, as generate uses it
+        from jaxspec.cli.gen_setup import packaged_draft
+
+        args.draft, own_tree = packaged_draft(args.target)
+        if args.draft is not None and args.tree is None and not args.mutant:
+            args.tree = own_tree
     if (args.target is None) != (args.draft is None):
-        raise CLIError("--target and --draft: pass both, or neither for the tiny random pair")
+        raise CLIError("--target and --draft: pass both (a packaged target such as smollm2-135m has a default "
+                       "--draft), or neither for the tiny random pair")
     try:
         if args.tree is None:  # generate's tree, or the one the mutant breaks (and its scheme)
             args.tree, default_scheme = (MUTANT_CONFIG[MUTANT_RULE[args.mutant]] if args.mutant
