@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jaxspec.training.filters import MinHashDedup, keep_reason
+from jaxspec.training.responses import read_responses
 
 __all__ = ["OPENERS", "SAMPLING", "user_turn_prefix", "turn_stop_ids", "build_instructions", "read_instructions",
            "held_out_texts", "seeded_dedup"]
@@ -119,15 +120,8 @@ def read_instructions(path: str | os.PathLike, *, seeds: bool = True) -> list[tu
 
 
 def _read_batches(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # the line a stopped run was writing
-            break
-    return out
+    """The batches written so far; a torn last line (a stopped run's) is dropped."""
+    return read_responses(path)  # the same JSON-lines reading as the responses file's
 
 
 def seeded_dedup() -> MinHashDedup:
