@@ -217,7 +217,7 @@ def check_requirements() -> None:
         import gguf  # noqa: F401, PLC0415
     except ImportError:
         sys.exit("cost_model: needs the gguf extra (the GGUF reader): pip install -e '.[gguf]'")
-    from jaxspec.nn.packaged import packaged_file  # noqa: PLC0415
+    from jaxspec.formats.packaged import packaged_file  # noqa: PLC0415
 
     try:
         packaged_file(MODEL)
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
 
     import jaxspec  # noqa: PLC0415
     from jaxspec.bench import common  # noqa: PLC0415
-    from jaxspec.nn.packaged import packaged_file  # noqa: PLC0415
+    from jaxspec.formats.packaged import packaged_file  # noqa: PLC0415
 
     size = "quick" if a.quick else "full"
     cfg = CONFIGS[size]

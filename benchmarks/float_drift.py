@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     from jaxspec.bench.common import log, machine_info, pyplot, write_report
     from jaxspec.bench.tasks import CATEGORIES, messages_of
     from jaxspec.exactness.drift import forward_drift
-    from jaxspec.nn.checkpoint import load_draft
+    from jaxspec.formats.checkpoint import load_draft
 
     tok = jaxspec.load_tokenizer(TARGET)
     prompts = [(c, tok.encode_chat(m)) for c in CATEGORIES for m in messages_of(c)[: args.prompts]]

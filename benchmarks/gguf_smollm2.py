@@ -38,7 +38,7 @@ _LOAD_CHILD = r"""
 import json, resource, sys, time
 import jax
 import jaxspec
-from jaxspec.nn.checkpoint import load_model
+from jaxspec.formats.checkpoint import load_model
 jax.block_until_ready(jax.numpy.zeros(1))  # the backend started: its memory is not the loader's
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t0 = time.perf_counter()
@@ -67,8 +67,8 @@ def measure_decode(new_tokens: int, turns: int) -> dict:
     from jaxspec.core.settings import Sampling
     from jaxspec.decode.generate import generate, generate_autoregressive
     from jaxspec.decode.ngram import NgramDraft
-    from jaxspec.nn.checkpoint import load_model
-    from jaxspec.nn.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_model
+    from jaxspec.formats.hf_tokenizer import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m")
     prompt = tok.encode_chat(CHAT)

@@ -187,8 +187,8 @@ def main(argv=None) -> int:
     out = args.out / "quick" if args.quick else args.out
 
     from jaxspec.bench.common import machine_info
-    from jaxspec.nn.checkpoint import load_model
-    from jaxspec.nn.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_model
+    from jaxspec.formats.hf_tokenizer import load_tokenizer
     from jaxspec.nn.quant import int8_speedup, quantize_model
 
     tok = load_tokenizer(MODEL)

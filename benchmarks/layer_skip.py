@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from jaxspec.bench import common
     from jaxspec.bench.decode import BATCH_PROMPTS
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     n_prompts = a.prompts or (1 if a.quick else 3)
     new = a.new_tokens or (16 if a.quick else 128)

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     import jaxspec
     from jaxspec.bench.common import interleaved_turns, log, machine_info, medians, pyplot, write_report
     from jaxspec.bench.decode import BATCH_PROMPTS
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     quick = args.quick
     target, draft = jaxspec.load_model("default-target"), jaxspec.load_model("default-draft")

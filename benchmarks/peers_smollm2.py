@@ -122,7 +122,7 @@ def _hf_modes(n: int, eos: int, lookup: int):
     import torch
     import transformers
 
-    from jaxspec.nn.packaged import packaged_file
+    from jaxspec.formats.packaged import packaged_file
 
     torch.set_num_threads(2)
     path = packaged_file(TARGET)
@@ -141,7 +141,7 @@ def _hf_modes(n: int, eos: int, lookup: int):
 def _llama_modes(llama_cpp, n: int, lookup: int):
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from jaxspec.nn.packaged import packaged_file
+    from jaxspec.formats.packaged import packaged_file
 
     path = str(packaged_file(TARGET))
     kw = dict(n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False, seed=0)

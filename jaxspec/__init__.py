@@ -37,7 +37,7 @@ Importing jaxspec changes nothing in the process and imports nothing heavy: ever
 above is imported on first use (PEP 562), so ``import jaxspec`` neither imports JAX nor
 installs a signal handler, and the decode path never pulls in scipy, matplotlib or a
 tokenizer library (tests/test_side_effects.py). Internals live in the subpackages
-(:mod:`jaxspec.core`, :mod:`jaxspec.nn`, :mod:`jaxspec.decode`, ...).
+(:mod:`jaxspec.core`, :mod:`jaxspec.nn`, :mod:`jaxspec.formats`, :mod:`jaxspec.decode`, ...).
 """
 
 import sys as _sys
@@ -68,11 +68,11 @@ _EXPORTS = {
     "init_cache": ("jaxspec.nn.cache", "init_cache"),
     "tree_cache_mask": ("jaxspec.nn.masks", "tree_cache_mask"),
     "make_mesh": ("jaxspec.nn.sharding", "make_mesh"),
-    **{n: ("jaxspec.nn.checkpoint", n) for n in ("embedded_models", "load_draft", "load_model", "save_model")},
+    **{n: ("jaxspec.formats.checkpoint", n) for n in ("embedded_models", "load_draft", "load_model", "save_model")},
     **{n: ("jaxspec.nn.head", n) for n in ("FeatureHead", "head_config", "init_head", "load_head", "save_head")},
-    "ByteTokenizer": ("jaxspec.nn.tokenizer", "ByteTokenizer"),
-    "HFTokenizer": ("jaxspec.nn.hf_tokenizer", "HFTokenizer"),
-    "load_tokenizer": ("jaxspec.nn.hf_tokenizer", "load_tokenizer"),
+    "ByteTokenizer": ("jaxspec.formats.tokenizer", "ByteTokenizer"),
+    "HFTokenizer": ("jaxspec.formats.hf_tokenizer", "HFTokenizer"),
+    "load_tokenizer": ("jaxspec.formats.hf_tokenizer", "load_tokenizer"),
     # generation
     **{n: ("jaxspec.decode.generate", n) for n in ("GenerateResult", "generate", "generate_autoregressive")},
     "NgramDraft": ("jaxspec.decode.ngram", "NgramDraft"),
@@ -97,7 +97,7 @@ _EXPORTS = {
 }
 
 #: the subpackages, reachable as attributes (``jaxspec.nn.model``) after a bare ``import jaxspec``
-_SUBPACKAGES = ("bench", "checks", "core", "decode", "errors", "exactness", "nn", "training", "tuning")
+_SUBPACKAGES = ("bench", "checks", "core", "decode", "errors", "exactness", "formats", "nn", "training", "tuning")
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,6 +1,6 @@
 """Write small GGUF files the way llama.cpp's ``convert_hf_to_gguf.py`` does, for the tests.
 
-Written independently of :mod:`jaxspec.nn.gguf` (it never imports it): from an HF-layout
+Written independently of :mod:`jaxspec.formats.gguf` (it never imports it): from an HF-layout
 checkpoint (HF tensor names, ``[out, in]`` float32 arrays, an HF config dict) to a GGUF file of
 architecture ``llama``, ``qwen2``, ``qwen3``, ``gemma2`` or ``gemma3`` with llama.cpp's metadata
 keys, its tensor names, its Q/K row permutation for ``llama`` (``LlamaModel.permute``), 1-D

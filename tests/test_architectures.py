@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
-from jaxspec.nn.checkpoint import load_model  # noqa: E402
+from jaxspec.formats.checkpoint import load_model  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
 
 from _hf_families import GREEDY, KINDS, PROMPT, hf_greedy, hf_logits, hf_model, row_tokens  # noqa: E402

@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 
 from _gguf_writer import write_gguf  # noqa: E402
 from _hf_families import PROMPT, hf_model  # noqa: E402
-from jaxspec.nn.gguf import gguf_config, load_gguf  # noqa: E402
+from jaxspec.formats.gguf import gguf_config, load_gguf  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
 
 ATOL = 1e-4

@@ -8,7 +8,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from jaxspec.nn.checkpoint import (
+from jaxspec.formats.checkpoint import (
     MODELS_DIR,
     config_from_hf,
     config_to_hf,
@@ -151,7 +151,7 @@ def test_eos_token_id_from_hf_and_refused_values():
 def test_trained_models_record_the_byte_eos(tmp_path):
     """The training presets (byte tokenizer) carry EOS_ID, and a model saved by training
     (extra_config=TOKENIZER_CONFIG) records it even from a config without one."""
-    from jaxspec.nn.tokenizer import EOS_ID
+    from jaxspec.formats.tokenizer import EOS_ID
     from jaxspec.training.train import PRESETS, TOKENIZER_CONFIG
 
     assert {name: c.eos_token_id for name, c in PRESETS.items()} == dict.fromkeys(PRESETS, EOS_ID)
@@ -439,8 +439,8 @@ _WORDS = ["<unk>", "<eos>", "def", "f", "(", ")", ":", "x", "return", "+", "1"] 
 
 
 def test_hf_tokenizer(tmp_path):
-    from jaxspec.nn.hf_tokenizer import HFTokenizer, load_tokenizer
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.hf_tokenizer import HFTokenizer, load_tokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     _write_tokenizer(tmp_path, _WORDS)
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 1}))
@@ -458,7 +458,7 @@ def test_hf_tokenizer(tmp_path):
 def test_hf_tokenizer_not_installed(tmp_path, monkeypatch):
     import sys
 
-    from jaxspec.nn.hf_tokenizer import HFTokenizer
+    from jaxspec.formats.hf_tokenizer import HFTokenizer
 
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "tokenizers", None)

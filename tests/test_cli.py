@@ -87,7 +87,7 @@ def test_largest_seed_is_accepted():
 def test_output_folders_are_checked_before_training(command, flag, tmp_path, capsys, monkeypatch):
     """An --out / --export that is a file, or under a file, is refused up front (exit 2,
     naming the flag and the path): nothing is trained, loaded or created."""
-    import jaxspec.nn.checkpoint
+    import jaxspec.formats.checkpoint
     import jaxspec.training.train
 
     def never(*a, **k):
@@ -95,7 +95,7 @@ def test_output_folders_are_checked_before_training(command, flag, tmp_path, cap
 
     for name in ("train", "distill"):
         monkeypatch.setattr(jaxspec.training.train, name, never)
-    monkeypatch.setattr(jaxspec.nn.checkpoint, "load_model", never)
+    monkeypatch.setattr(jaxspec.formats.checkpoint, "load_model", never)
     f = tmp_path / "file"
     f.write_text("")
     ok = str(tmp_path / "run")

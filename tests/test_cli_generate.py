@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 from jaxspec.cli import main
 from jaxspec.core.settings import Sampling
 from jaxspec.nn.config import ModelConfig

@@ -15,7 +15,7 @@ import pytest
 
 from jaxspec.cli import main
 from jaxspec.cli.common import Command
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import init_model
 

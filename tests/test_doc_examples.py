@@ -45,7 +45,7 @@ from jaxspec.core.sampling import (
     validate_warp_args,
     warp_probs,
 )
-from jaxspec.nn.tokenizer import ByteTokenizer
+from jaxspec.formats.tokenizer import ByteTokenizer
 from jaxspec.core.tree import tree_depths, validate_parents
 from jaxspec.core.treespec import DynamicTree, resolve_tree
 

@@ -1,4 +1,4 @@
-"""GGUF files (:mod:`jaxspec.nn.gguf`): tiny files written the way llama.cpp's converter writes
+"""GGUF files (:mod:`jaxspec.formats.gguf`): tiny files written the way llama.cpp's converter writes
 them (``tests/_gguf_writer.py``) load as the HF folder they were written from, for every tensor
 type and family; llama.cpp's Q/K row permutation is undone exactly; ``transformers``' own GGUF
 loader gives the same logits; malformed or unsupported files are refused by name; the packaged
@@ -17,11 +17,11 @@ gguf = pytest.importorskip("gguf")
 from flax import nnx  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 
-import jaxspec.nn.gguf as jgguf  # noqa: E402
+import jaxspec.formats.gguf as jgguf  # noqa: E402
 from _gguf_writer import TYPES, llama_permute, write_gguf  # noqa: E402
-from jaxspec.nn.checkpoint import config_to_hf, load_draft, load_model, resolve_model_path  # noqa: E402
+from jaxspec.formats.checkpoint import config_to_hf, load_draft, load_model, resolve_model_path  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
-from jaxspec.nn.gguf import gguf_config, is_gguf_file, load_gguf, undo_llama_permute  # noqa: E402
+from jaxspec.formats.gguf import gguf_config, is_gguf_file, load_gguf, undo_llama_permute  # noqa: E402
 from jaxspec.nn.model import Transformer, forward_logits  # noqa: E402
 
 # hidden and intermediate sizes are multiples of 256: the K-quants' row length
@@ -280,7 +280,7 @@ def test_loads_tensor_by_tensor(tmp_path):
 
 # ----------------------------------------------------------------------------- the real file
 def _smollm2_path():
-    from jaxspec.nn.packaged import packaged_file
+    from jaxspec.formats.packaged import packaged_file
 
     try:
         return packaged_file("smollm2-135m")

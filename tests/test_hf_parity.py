@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from jaxspec.nn.checkpoint import load_model, save_model  # noqa: E402
+from jaxspec.formats.checkpoint import load_model, save_model  # noqa: E402
 from jaxspec.cli import main  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402

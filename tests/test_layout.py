@@ -1,5 +1,5 @@
 """The package layout holds: no module reaches into another's private names, core and nn
-stay independent, every jaxspec name the docs use exists, the command line keeps its
+(and formats) stay independent, every jaxspec name the docs use exists, the command line keeps its
 subcommands and flags, and files written before the reorganisation (checkpoints, auto-tree
 cache entries) still load.
 
@@ -332,9 +332,12 @@ def _forbidden_imports(folder_or_file: Path, forbidden, *, top_level_counts: boo
 
 @pytest.mark.parametrize(
     "where, forbidden",
-    [("core", ("jaxspec.nn",)), ("nn", ("jaxspec.core",))],
+    [("core", ("jaxspec.nn", "jaxspec.formats")), ("nn", ("jaxspec.core", "jaxspec.formats")),
+     ("formats", ("jaxspec.core",))],
 )
 def test_core_and_nn_do_not_import_each_other(where, forbidden):
+    """core, nn (model code) and formats (files and tokenizers, built on nn): core imports
+    neither, nn imports neither, formats imports nn but not core."""
     bad = _forbidden_imports(PKG / where, forbidden, top_level_counts=True)
     assert not bad, "\n".join(bad)
 
@@ -376,7 +379,8 @@ print(json.dumps(sorted(k for k in sys.modules if k == sys.argv[2] or k.startswi
 """
 
 
-@pytest.mark.parametrize("where, forbidden", [("core", "jaxspec.nn"), ("nn", "jaxspec.core")])
+@pytest.mark.parametrize("where, forbidden", [("core", "jaxspec.nn"), ("core", "jaxspec.formats"), ("nn", "jaxspec.core"),
+                                              ("nn", "jaxspec.formats"), ("formats", "jaxspec.core")])
 def test_import_closure_at_run_time(where, forbidden):
     """Import every module of one subpackage with the top-level package replaced by a bare
     stub (so ``jaxspec/__init__.py``, which imports everything, does not run): what the
@@ -698,7 +702,7 @@ def test_embedded_models_load_from_the_package(name):
     (pyproject package-data: models/*/*.json, models/*/*.safetensors). (save_model /
     load_model round trips: tests/test_checkpoint.py.)"""
     import jaxspec
-    from jaxspec.nn.checkpoint import MODELS_DIR, read_config, resolve_model_path
+    from jaxspec.formats.checkpoint import MODELS_DIR, read_config, resolve_model_path
 
     pkg_dir = Path(jaxspec.__file__).resolve().parent
     assert Path(MODELS_DIR).resolve() == pkg_dir / "models"

@@ -481,7 +481,7 @@ def _optimized_vs_branching(n, max_depth, num_prompts, max_new_tokens, z=3.0):
     sqrt(B), z = 3 fixed in advance (one-sided 0.13% per tree, < 3% family-wise over
     the 16 trees of the slow case; the seeds are fixed, so the run is deterministic).
     """
-    from jaxspec.nn.checkpoint import load_model
+    from jaxspec.formats.checkpoint import load_model
     from jaxspec.training.corpus import eval_windows, load_corpus
     from jaxspec.tuning.optimize import branching_widths
 

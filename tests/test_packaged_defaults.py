@@ -14,7 +14,7 @@ class _Stop(BaseException):
 
 @pytest.fixture
 def smollm2():
-    from jaxspec.nn.packaged import packaged_file  # noqa: PLC0415
+    from jaxspec.formats.packaged import packaged_file  # noqa: PLC0415
 
     try:
         packaged_file("smollm2-135m")

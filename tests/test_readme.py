@@ -65,7 +65,7 @@ def _skip_without_what_it_needs(code: str) -> None:
         return
     for module in ("gguf", "tokenizers", "jinja2"):
         pytest.importorskip(module)
-    from jaxspec.nn.packaged import packaged_file
+    from jaxspec.formats.packaged import packaged_file
 
     try:
         packaged_file("smollm2-135m")

@@ -142,7 +142,7 @@ def test_bad_ids_are_refused(models, tmp_path):
 def test_the_shipped_smollm2_head_loads_by_name():
     """``smollm2-135m-head`` ships in the package (float16 on disk, about 8 MB) and loads by
     name as a FeatureHead for SmolLM2-135M's width and vocabulary, drafting 8,192 ids."""
-    from jaxspec.nn.checkpoint import MODELS_DIR, embedded_models, load_draft
+    from jaxspec.formats.checkpoint import MODELS_DIR, embedded_models, load_draft
     from jaxspec.nn.head import FeatureHead, recorded_target_digest
 
     assert "smollm2-135m-head" in embedded_models()
@@ -183,7 +183,7 @@ def test_a_heads_preferred_tree_is_saved_loaded_and_drafted_by_default(models, t
 
 
 def test_the_shipped_smollm2_head_prefers_the_tree_the_command_line_drafts():
-    from jaxspec.nn.packaged import PACKAGED_MODELS  # noqa: PLC0415
+    from jaxspec.formats.packaged import PACKAGED_MODELS  # noqa: PLC0415
 
     entry = PACKAGED_MODELS["smollm2-135m"]
     assert jaxspec.load_draft(entry.draft).preferred_tree == entry.tree == "chain:1"

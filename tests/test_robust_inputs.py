@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 
 from jaxspec import Sampling
 from jaxspec.cli import main
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 from jaxspec.nn.model import init_model
 
 HERE = Path(__file__).parent

@@ -21,10 +21,10 @@ gguf = pytest.importorskip("gguf")
 
 from _gguf_writer import write_gguf  # noqa: E402
 from jaxspec.cli import main  # noqa: E402
-from jaxspec.nn.checkpoint import config_to_hf, load_model  # noqa: E402
+from jaxspec.formats.checkpoint import config_to_hf, load_model  # noqa: E402
 from jaxspec.nn.config import ModelConfig  # noqa: E402
-from jaxspec.nn.gguf import gguf_config  # noqa: E402
-from jaxspec.nn.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
+from jaxspec.formats.gguf import gguf_config  # noqa: E402
+from jaxspec.formats.gguf_tokenizer import load_gguf_tokenizer  # noqa: E402
 from test_gguf import SMALL, _hf_tensors  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -149,7 +149,7 @@ def test_lone_surrogate_in_a_chat_message_is_named(tmp_path):
         tok.encode_chat([{"role": "user", "content": "ab\udcffc"}])
     with pytest.raises(ValueError, match=r"GGUFTokenizer\.encode: text is not valid UTF-8: '\\udcff' at position 1"):
         tok.encode("a\udcff")
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     with pytest.raises(ValueError, match=r"ByteTokenizer\.encode: text is not valid UTF-8"):
         ByteTokenizer().encode("a\udcff")
@@ -282,7 +282,7 @@ def test_verify_refuses_too_many_cells_of_a_target_before_loading_it(monkeypatch
     after the model loaded (69 s on the reporter's machine): the vocabulary is read from the
     file's metadata and the cells refused first, by flag."""
     import jaxspec.cli.verify as cli_verify
-    from jaxspec.nn.packaged import packaged_file
+    from jaxspec.formats.packaged import packaged_file
 
     try:
         packaged_file("smollm2-135m")

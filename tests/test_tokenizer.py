@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from jaxspec.nn.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, BaseTokenizer, ByteTokenizer
+from jaxspec.formats.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, BaseTokenizer, ByteTokenizer
 
 TEXTS = ["", "hello", "def f(x):\n    return x  # ok\n", "é漢字🙂", "\x00\xff"]
 
@@ -50,7 +50,7 @@ def test_encode_rejects_non_str():
 def _word_tokenizer(bos_id=None, eos_id=None):
     """An in-memory HFTokenizer over a few words (needs the ``tokenizers`` package)."""
     tokenizers = pytest.importorskip("tokenizers")
-    from jaxspec.nn.hf_tokenizer import HFTokenizer
+    from jaxspec.formats.hf_tokenizer import HFTokenizer
 
     vocab = {w: i for i, w in enumerate(["<unk>", "<bos>", "<eos>", "a", "b"])}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))

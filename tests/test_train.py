@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspec.nn.checkpoint import load_model
+from jaxspec.formats.checkpoint import load_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.training.corpus import (
     EXCLUDED_DIRS,
@@ -18,7 +18,7 @@ from jaxspec.training.corpus import (
     load_corpus,
 )
 from jaxspec.nn.model import init_model
-from jaxspec.nn.tokenizer import BOS_ID, EOS_ID
+from jaxspec.formats.tokenizer import BOS_ID, EOS_ID
 from jaxspec.training.train import (
     PRESETS,
     TrainConfig,

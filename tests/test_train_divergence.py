@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxspec import cli
 from jaxspec.cli.train import _print_json
-from jaxspec.nn.checkpoint import load_model, save_model
+from jaxspec.formats.checkpoint import load_model, save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import init_model
 from jaxspec.training.corpus import load_corpus

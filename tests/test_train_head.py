@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from jaxspec import cli
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import head_config, load_head, target_digest
 from jaxspec.nn.model import forward_features, init_model

@@ -23,7 +23,7 @@ from jaxspec.exactness.harness import verify
 from jaxspec.exactness.report import VerifyReport
 from jaxspec.exactness.sampled import hashed_cells_for
 from jaxspec.exactness.sampled_report import SampledReport
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 
 V = 49_152
 L = 4

@@ -74,7 +74,7 @@ def model_pair(kind: str):
         from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
 
         return default_pair(0, vocab_size=TINY_VOCAB, hidden_size=32)
-    from jaxspec.nn.checkpoint import load_model  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_model  # noqa: PLC0415
 
     return load_model("default-target"), load_model("default-draft")
 

@@ -136,7 +136,7 @@ def _models(kind: str) -> tuple[Transformer, Transformer, dict]:
 
 def batch_prompts(batch: int) -> list[list[int]]:
     """``batch`` byte-tokenized prompts (with BOS); batch 1: :data:`DEFAULT_PROMPT`."""
-    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from jaxspec.formats.tokenizer import ByteTokenizer  # noqa: PLC0415
 
     if not 1 <= batch <= len(BATCH_PROMPTS):
         raise ValueError(f"batch = {batch!r}: expected 1 .. {len(BATCH_PROMPTS)} (prompts available)")

@@ -92,7 +92,7 @@ def _models(kind: str):
 
         return target, draft, init_head(head_config(target.config), jax.random.key(7)), {
             "target": "tiny random", "draft": "its mixed draft", "head": "a random head"}
-    from jaxspec.nn.checkpoint import load_draft  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
 
     return target, draft, load_draft("default-head"), {
         "target": "default-target", "draft": "default-draft", "head": "default-head"}
@@ -101,7 +101,7 @@ def _models(kind: str):
 def _prompt_sets(cfg: HeadBenchConfig, batch: int) -> list[list[list[int]]]:
     """The batches one call decodes in turn: ``single_prompts`` batches of one held-out
     prompt at batch 1, else one batch of ``batch`` prompts."""
-    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from jaxspec.formats.tokenizer import ByteTokenizer  # noqa: PLC0415
 
     if batch == 1:
         ps = common.held_out_prompts([cfg.single_prompt_len] * cfg.single_prompts, cfg.alpha_max_files)

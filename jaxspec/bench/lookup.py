@@ -113,7 +113,7 @@ def _prompts(cfg: LookupBenchConfig, target, tok) -> dict[str, list[list[int]]]:
 
 def run(size: str = "quick", *, config: LookupBenchConfig | None = None) -> dict:
     """Measure every (workload, temperature, prompt) of ``CONFIGS[size]`` (or ``config``)."""
-    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from jaxspec.formats.tokenizer import ByteTokenizer  # noqa: PLC0415
 
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     target, draft = common.model_pair(cfg.models)

@@ -72,7 +72,7 @@ def _models(kind: str):
         from jaxspec.nn.head import head_config, init_head  # noqa: PLC0415
 
         return target, {"draft": draft, "head": init_head(head_config(target.config), jax.random.key(7))}
-    from jaxspec.nn.checkpoint import load_draft  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
 
     return target, {"draft": draft, "head": load_draft("default-head")}
 

@@ -81,7 +81,7 @@ def _drafter(kind: str):
 
         return parse_layers(kind)
     if kind in ("head", "head-whole"):
-        from jaxspec.nn.checkpoint import load_draft  # noqa: PLC0415
+        from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
         from jaxspec.nn.head import whole_vocab  # noqa: PLC0415
 
         try:

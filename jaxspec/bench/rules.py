@@ -197,7 +197,7 @@ def _sampled_rows(cfg: RuleBenchConfig) -> list[dict]:
 
 
 def _generate_rows(cfg: RuleBenchConfig) -> tuple[list[dict], list[int]]:
-    from jaxspec.nn.tokenizer import ByteTokenizer  # noqa: PLC0415
+    from jaxspec.formats.tokenizer import ByteTokenizer  # noqa: PLC0415
 
     target, draft = common.model_pair(cfg.models)
     prompt = ByteTokenizer().encode(DEFAULT_PROMPT, add_bos=True)

@@ -233,7 +233,7 @@ def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | N
     which also loads a feature head); its errors name the flag that gave ``name`` (``--draft:
     load_model: unknown model 'foo'; ...``), and a missing package (``gguf`` for a GGUF file)
     says what to install."""
-    from jaxspec.nn.checkpoint import load_draft, load_model
+    from jaxspec.formats.checkpoint import load_draft, load_model
 
     try:
         return (load_draft if draft else load_model)(name, dtype=dtype, quantize=quantize)
@@ -243,8 +243,8 @@ def load_flag_model(flag: str, name: str, *, draft: bool = False, dtype: str | N
 
 def is_head_flag(flag: str, name: str) -> bool:
     """Whether the model ``name`` that ``flag`` gave is a feature draft head."""
-    from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.gguf import is_gguf_source
+    from jaxspec.formats.checkpoint import resolve_model_path
+    from jaxspec.formats.gguf import is_gguf_source
     from jaxspec.nn.head import is_head_folder
 
     if is_gguf_source(name):  # a whole model in one file: never a head folder
@@ -262,8 +262,8 @@ def warn_if_head_for_another_target(flag: str, name: str, target, target_name: s
     width and vocabulary; only its acceptance suffers, so this is a warning, not an error."""
     import sys
 
-    from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.gguf import is_gguf_source
+    from jaxspec.formats.checkpoint import resolve_model_path
+    from jaxspec.formats.gguf import is_gguf_source
     from jaxspec.nn.head import is_head_folder, recorded_target_digest, target_digest
 
     if is_gguf_source(name):  # a GGUF file is a model, never a head
@@ -283,15 +283,15 @@ def warn_if_head_for_another_target(flag: str, name: str, target, target_name: s
 
 def resolve_tokenizer(flag: str, name: str):
     """The tokenizer of the model ``name`` that ``flag`` gave: the ``tokenizer.json`` of its
-    folder (an :class:`~jaxspec.nn.hf_tokenizer.HFTokenizer`, needs the ``tokenizers``
+    folder (an :class:`~jaxspec.formats.hf_tokenizer.HFTokenizer`, needs the ``tokenizers``
     package) when there is one, else the byte-level
-    :class:`~jaxspec.nn.tokenizer.ByteTokenizer`. The one rule of every command that turns
+    :class:`~jaxspec.formats.tokenizer.ByteTokenizer`. The one rule of every command that turns
     text into token ids (``generate``, ``verify``); errors are :class:`CLIError` naming
     ``flag`` and ``name``. :func:`check_tokenizer_fits` then checks it against the model."""
-    from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.gguf import is_gguf_source
-    from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, load_tokenizer
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.checkpoint import resolve_model_path
+    from jaxspec.formats.gguf import is_gguf_source
+    from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, load_tokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     if is_gguf_source(name):  # the tokenizer and chat template the file carries
         try:
@@ -314,13 +314,13 @@ def check_tokenizer_fits(flag: str, name: str, tok, vocab_size: int, *, alternat
     """Refuse a tokenizer (from :func:`resolve_tokenizer`) whose ids a model of
     ``vocab_size`` tokens cannot take: a ``tokenizer.json`` with more tokens than the model,
     or the byte tokenizer (no ``tokenizer.json``) for a vocabulary other than its own
-    (:data:`~jaxspec.nn.tokenizer.VOCAB_SIZE`). ``alternative`` ends the message (``"; or
+    (:data:`~jaxspec.formats.tokenizer.VOCAB_SIZE`). ``alternative`` ends the message (``"; or
     pass ..."``)."""
-    from jaxspec.nn.tokenizer import VOCAB_SIZE, ByteTokenizer
+    from jaxspec.formats.tokenizer import VOCAB_SIZE, ByteTokenizer
 
     if isinstance(tok, ByteTokenizer):
         if vocab_size != VOCAB_SIZE:
-            from jaxspec.nn.hf_tokenizer import TOKENIZER_FILE
+            from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE
 
             raise CLIError(
                 f"{flag} {name}: its folder has no {TOKENIZER_FILE} and its vocab_size is {vocab_size}, not the "

@@ -9,7 +9,7 @@
 shards + index) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads
 with the same logits, plus ``generation_config.json`` with the token ids. The byte-level
 tokenizer of the embedded models has no ``tokenizer.json``: encode text as UTF-8 bytes
-(``jaxspec.nn.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
+(``jaxspec.formats.tokenizer.ByteTokenizer``). A source folder's ``tokenizer.json`` (and
 ``tokenizer_config.json`` / ``special_tokens_map.json``) is copied along; those files left in
 ``OUT_DIR`` by an earlier export of another model are removed (listed under ``"removed"``).
 """
@@ -46,7 +46,7 @@ def export_command(p: argparse.ArgumentParser) -> Handler:
                    help="split the weights into shards of at most this many MB (with an index)")
 
     def run(args: argparse.Namespace) -> int:
-        from jaxspec.nn.checkpoint import (
+        from jaxspec.formats.checkpoint import (
             load_model,
             read_config,
             resolve_model_path,

@@ -76,8 +76,8 @@ def draft_name(args) -> str:
     (the embedded draft drafts for no other model) asking for ``--draft`` or ``--baseline``."""
     if args.draft is not None:
         return args.draft
-    from jaxspec.nn.checkpoint import resolve_model_path
-    from jaxspec.nn.gguf import is_gguf_source
+    from jaxspec.formats.checkpoint import resolve_model_path
+    from jaxspec.formats.gguf import is_gguf_source
 
     if not is_gguf_source(args.target) and (
             resolve_model_path(args.target).resolve() == resolve_model_path(DEFAULT_TARGET).resolve()):
@@ -91,10 +91,10 @@ def draft_name(args) -> str:
 
 def packaged_draft(target: str) -> tuple[str | None, str | None]:
     """The drafter a packaged target drafts with by default and its tree
-    (:class:`jaxspec.nn.packaged.PackagedModel` ``draft`` and ``tree``; e.g. ``smollm2-135m``
+    (:class:`jaxspec.formats.packaged.PackagedModel` ``draft`` and ``tree``; e.g. ``smollm2-135m``
     -> ``("smollm2-135m-head", "chain:1")``), or ``(None, None)``: one rule for
     ``jaxspec generate`` and ``jaxspec verify``."""
-    from jaxspec.nn.packaged import PACKAGED_MODELS, is_packaged_name
+    from jaxspec.formats.packaged import PACKAGED_MODELS, is_packaged_name
 
     entry = PACKAGED_MODELS[target] if is_packaged_name(target) else None
     if entry is None or entry.draft is None:
@@ -104,7 +104,7 @@ def packaged_draft(target: str) -> tuple[str | None, str | None]:
 
 def default_draft_and_tree(args, default_tree: str) -> None:
     """Fill in ``--draft`` and ``--tree`` when they are not given: a packaged target with a
-    drafter of its own (:class:`jaxspec.nn.packaged.PackagedModel` ``draft``, e.g.
+    drafter of its own (:class:`jaxspec.formats.packaged.PackagedModel` ``draft``, e.g.
     ``smollm2-135m`` -> ``smollm2-135m-head``) gets that drafter and the tree chosen for it;
     otherwise ``--tree`` is ``default_tree`` and ``--draft`` is left to :func:`draft_name`."""
     draft, tree = packaged_draft(args.target)
@@ -165,7 +165,7 @@ def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
 
 def check_same_tokenizer(tok, dtok, args) -> None:
     """Refuse a draft whose tokenizer differs from the target's (ids would mean other text)."""
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     def what(t):
         return "the byte-level tokenizer (no tokenizer.json)" if isinstance(t, ByteTokenizer) else t.source
@@ -189,7 +189,7 @@ def auto_tree_for(args, target, draft, tok, prompt_len: int, sampling):
     """Run (or read from the cache) :func:`jaxspec.tuning.autotree.auto_tree`; report to stderr."""
     import jax
 
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
     from jaxspec.tuning.autotree import DEFAULT_BUDGETS, auto_tree
 
     ctx = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)

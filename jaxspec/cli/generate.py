@@ -285,8 +285,8 @@ def _draft_kind(args, lookup) -> str:
 def _load(args, plan: _Plan) -> _Pair:
     """The tokenizer, the models and the prompt's ids; the drafter's scheme in ``args.scheme``."""
     from jaxspec.decode.generate import resolve_stop_tokens
-    from jaxspec.nn.gguf import is_gguf_source
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.gguf import is_gguf_source
+    from jaxspec.formats.tokenizer import ByteTokenizer
 
     tok = resolve_tokenizer("--target", args.target)
     dtype = args.dtype if args.dtype is not None else (GGUF_DEFAULT_DTYPE if is_gguf_source(args.target) else None)

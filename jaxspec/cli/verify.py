@@ -150,7 +150,7 @@ def _parse_prompt(text: str | None, vocab_size: int, target: str | None = None):
                 raise CLIError(f"--prompt[{i}] = {t}: expected a token id in [0, {vocab_size}) (the target's "
                                "vocabulary)")
         return ids
-    from jaxspec.nn.tokenizer import VOCAB_SIZE, ByteTokenizer
+    from jaxspec.formats.tokenizer import VOCAB_SIZE, ByteTokenizer
 
     if target is None:
         if vocab_size != VOCAB_SIZE:
@@ -280,8 +280,8 @@ def _config_vocab(name: str) -> int | None:
     """The vocabulary size in the config of the model ``name`` (a GGUF file's metadata, a
     folder's ``config.json``), read without its weights; None where it cannot be read (the
     loader then names what is wrong)."""
-    from jaxspec.nn.checkpoint import read_config, resolve_model_path
-    from jaxspec.nn.gguf import gguf_config, is_gguf_source
+    from jaxspec.formats.checkpoint import read_config, resolve_model_path
+    from jaxspec.formats.gguf import gguf_config, is_gguf_source
 
     try:
         if is_gguf_source(name):

@@ -147,10 +147,10 @@ def drafter_spec(spec: str):
 def parse_draft(spec: str):
     """What ``spec`` names, ready to pass as ``jaxspec.generate``'s ``draft``: a drafter
     (:func:`drafter_spec`), else the model or feature head it names
-    (:func:`jaxspec.nn.checkpoint.load_draft`)."""
+    (:func:`jaxspec.formats.checkpoint.load_draft`)."""
     drafter = drafter_spec(spec)
     if drafter is not None:
         return drafter
-    from jaxspec.nn.checkpoint import load_draft  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
 
     return load_draft(os.fspath(spec).strip())

@@ -1,7 +1,7 @@
 """Model configuration: a frozen dataclass whose field names mirror Hugging Face ``LlamaConfig``,
 plus the fields in which other families differ from Llama (rope scaling, norm kind, q/k norms,
 activation, soft caps, sliding windows per layer; see :class:`ModelConfig`). A family is a
-choice of these fields (:mod:`jaxspec.nn.families`), never a separate forward.
+choice of these fields (:mod:`jaxspec.formats.families`), never a separate forward.
 
 Example::
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.nn.tokenizer import BOS_ID, EOS_ID
+from jaxspec.formats.tokenizer import BOS_ID, EOS_ID
 
 __all__ = [
     "EXCLUDED_DIRS",

@@ -42,7 +42,7 @@ def model_digest(name_or_path, target) -> str:
     """The target's identity for ``meta.json``: the sha256 of its GGUF file when it has one,
     else the digest of its weights."""
     from jaxspec.nn.head import target_digest  # noqa: PLC0415
-    from jaxspec.nn.packaged import is_packaged_name, packaged_file  # noqa: PLC0415
+    from jaxspec.formats.packaged import is_packaged_name, packaged_file  # noqa: PLC0415
     from jaxspec.training.shards import file_digest  # noqa: PLC0415
 
     path = packaged_file(name_or_path) if is_packaged_name(name_or_path) else Path(name_or_path)

@@ -11,7 +11,7 @@ the reference of jaxspec's parity tests, tests/test_smollm2.py), batched, becaus
 CPU it answers faster than jaxspec's batch decoding (benchmarks/README.md, ``cost_model``);
 the answers are training data, so any sampler of the target's law serves. It needs the
 ``hf`` extra (torch, transformers, gguf). Prompt ids are jaxspec's own
-(:meth:`~jaxspec.nn.gguf_tokenizer.GGUFTokenizer.encode_chat`), as ``jaxspec generate
+(:meth:`~jaxspec.formats.gguf_tokenizer.GGUFTokenizer.encode_chat`), as ``jaxspec generate
 --chat`` encodes a chat.
 """
 
@@ -53,8 +53,8 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
     import torch  # noqa: PLC0415 (the hf extra)
     import transformers  # noqa: PLC0415
 
-    from jaxspec.nn.hf_tokenizer import load_tokenizer  # noqa: PLC0415
-    from jaxspec.nn.packaged import packaged_file  # noqa: PLC0415
+    from jaxspec.formats.hf_tokenizer import load_tokenizer  # noqa: PLC0415
+    from jaxspec.formats.packaged import packaged_file  # noqa: PLC0415
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"write_responses: max_new_tokens = {max_new_tokens!r}; expected a positive integer")

@@ -53,10 +53,10 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxspec.nn.checkpoint import save_model
+from jaxspec.formats.checkpoint import save_model
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.model import Transformer, forward_logits, init_model
-from jaxspec.nn.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from jaxspec.formats.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from jaxspec.training.checkpoints import (
     META_FILE,
     find_checkpoint,

@@ -309,7 +309,7 @@ def cache_key(target: Transformer, draft: Transformer, settings: dict) -> str:
 
 def _held_out(target: Transformer, held_out_tokens, num_windows: int, window_len: int) -> np.ndarray:
     """int32[num_windows, window_len] evenly spaced windows of the held-out stream."""
-    from jaxspec.nn.tokenizer import ByteTokenizer
+    from jaxspec.formats.tokenizer import ByteTokenizer
     from jaxspec.training.corpus import eval_windows, load_corpus
 
     v = target.config.vocab_size

@@ -21,8 +21,8 @@ Tensor names (``T`` = transposed from jaxspec's ``[in, out]`` kernels)::
     lm_head.weight                                     T, [V, D]   (absent when tied)
 
 :func:`load_model` takes an embedded model name (:func:`embedded_models`, shipped under
-``jaxspec/models/``) or such a folder, and GGUF files (:mod:`jaxspec.nn.gguf`) by path or by
-packaged name (:mod:`jaxspec.nn.packaged`)::
+``jaxspec/models/``) or such a folder, and GGUF files (:mod:`jaxspec.formats.gguf`) by path or by
+packaged name (:mod:`jaxspec.formats.packaged`)::
 
     target = load_model("default-target")            # embedded, no download
     draft = load_model("default-draft")
@@ -66,13 +66,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxspec.nn.config import ModelConfig
-from jaxspec.nn.families import ARCHITECTURES, FUSED_TENSORS
-from jaxspec.nn.gguf import is_gguf_file, load_gguf
+from jaxspec.formats.families import ARCHITECTURES, FUSED_TENSORS
+from jaxspec.formats.gguf import is_gguf_file, load_gguf
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
-from jaxspec.nn.packaged import is_packaged_name, packaged_file, packaged_models
+from jaxspec.formats.packaged import is_packaged_name, packaged_file, packaged_models
 from jaxspec.nn.quant import apply_quantize, check_quantize, is_quantized
-from jaxspec.nn.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
+from jaxspec.formats.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
     "ARCHITECTURES",
@@ -109,8 +109,8 @@ def embedded_models() -> list[str]:
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     """Embedded name -> its folder under ``jaxspec/models/``; packaged name
-    (:func:`~jaxspec.nn.packaged.packaged_models`) -> its GGUF file; otherwise the path itself
-    (a folder, or a GGUF file: :func:`~jaxspec.nn.gguf.is_gguf_file`).
+    (:func:`~jaxspec.formats.packaged.packaged_models`) -> its GGUF file; otherwise the path itself
+    (a folder, or a GGUF file: :func:`~jaxspec.formats.gguf.is_gguf_file`).
 
     Raises ``ValueError`` for a bare name that is neither embedded nor an existing path, and
     ``FileNotFoundError`` for a path (anything with a separator) that does not exist.
@@ -357,7 +357,7 @@ def load_model(
     quantize: str | None = None,
 ) -> Transformer:
     """A :class:`Transformer` from an embedded name, an HF-layout folder, or a GGUF file
-    (a path, or a packaged name such as ``"smollm2-135m"``: :func:`~jaxspec.nn.gguf.load_gguf`).
+    (a path, or a packaged name such as ``"smollm2-135m"``: :func:`~jaxspec.formats.gguf.load_gguf`).
 
     ``dtype``: ``"float32"`` (default when None) or ``"bfloat16"``; stored tensors of any
     float dtype are converted. ``max_context``: the longest sequence (prompt + new tokens +
@@ -419,7 +419,7 @@ def load_model(
 
 def _sources(arch: str, config: ModelConfig, expected, files) -> dict[str, tuple[str, tuple[int, int] | None]]:
     """Where each expected tensor is stored: its own name, or (a family with fused tensors,
-    :data:`~jaxspec.nn.families.FUSED_TENSORS`) a row range of the fused tensor when the file holds that one."""
+    :data:`~jaxspec.formats.families.FUSED_TENSORS`) a row range of the fused tensor when the file holds that one."""
     out = {name: (name, None) for name in expected}
     rows = {"q": config.num_attention_heads * config.head_dim, "kv": config.num_key_value_heads * config.head_dim,
             "i": config.intermediate_size}

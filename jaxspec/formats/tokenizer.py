@@ -53,7 +53,7 @@ class BaseTokenizer:
     """What every tokenizer shares: :meth:`encode` checks ``text``, tokenizes it with the
     subclass's ``_encode_text`` (no specials) and frames the ids with BOS / EOS on request.
 
-    Subclasses (:class:`ByteTokenizer`, :class:`~jaxspec.nn.hf_tokenizer.HFTokenizer`) provide
+    Subclasses (:class:`ByteTokenizer`, :class:`~jaxspec.formats.hf_tokenizer.HFTokenizer`) provide
     ``_encode_text(text) -> list[int]``, ``decode``, ``is_special`` and the attributes
     ``vocab_size``, ``bos_id``, ``eos_id``, ``pad_id`` (``None``: the tokenizer has none).
     """

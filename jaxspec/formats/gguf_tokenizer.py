@@ -45,8 +45,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jaxspec.nn.hf_tokenizer import HFTokenizer
-from jaxspec.nn.tokenizer import check_utf8
+from jaxspec.formats.hf_tokenizer import HFTokenizer
+from jaxspec.formats.tokenizer import check_utf8
 
 __all__ = [
     "GGUFTokenizer",
@@ -107,7 +107,7 @@ def _import(name: str):
 
 def _read_metadata(path: Path) -> dict[str, Any]:
     """The file's ``tokenizer.*`` keys and ``general.architecture``, as Python values."""
-    from jaxspec.nn.gguf_reader import open_reader
+    from jaxspec.formats.gguf_reader import open_reader
 
     _import("gguf")
     reader = open_reader(path, "load_gguf_tokenizer")  # a truncated file names the tensor cut short
@@ -153,7 +153,7 @@ def _split_merge(merge: str) -> tuple[str, str]:
 
 
 class GGUFTokenizer(HFTokenizer):
-    """:class:`~jaxspec.nn.hf_tokenizer.HFTokenizer` built from a GGUF file's metadata, plus the
+    """:class:`~jaxspec.formats.hf_tokenizer.HFTokenizer` built from a GGUF file's metadata, plus the
     file's BOS / EOS framing and chat template.
 
     Attributes beyond :class:`HFTokenizer`'s: ``model`` (``"gpt2"`` or ``"llama"``), ``pre`` (the

@@ -1,6 +1,6 @@
 """Opening a GGUF file with ``gguf.GGUFReader``, its damage named: the one place both the
-model loader (:mod:`jaxspec.nn.gguf`) and the tokenizer loader
-(:mod:`jaxspec.nn.gguf_tokenizer`) open a file. Light: ``gguf`` and numpy only, imported
+model loader (:mod:`jaxspec.formats.gguf`) and the tokenizer loader
+(:mod:`jaxspec.formats.gguf_tokenizer`) open a file. Light: ``gguf`` and numpy only, imported
 when a file is opened::
 
     reader = open_reader(Path("m.gguf"), "load_gguf")

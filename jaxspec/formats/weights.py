@@ -8,8 +8,8 @@ the model built from them. The formats differ only in names and in how a tensor 
     model = assemble(graphdef, state, values)
 
 ``name_of(state_path) -> (stored name, transposed)`` is the format's naming
-(:func:`jaxspec.nn.checkpoint.load_model`: Hugging Face names, weights ``[out, in]``;
-:func:`jaxspec.nn.gguf.load_gguf`: llama.cpp names, the same layout).
+(:func:`jaxspec.formats.checkpoint.load_model`: Hugging Face names, weights ``[out, in]``;
+:func:`jaxspec.formats.gguf.load_gguf`: llama.cpp names, the same layout).
 """
 
 from __future__ import annotations

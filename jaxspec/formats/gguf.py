@@ -49,10 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.nn.config import ModelConfig
-from jaxspec.nn.gguf_reader import open_reader
+from jaxspec.formats.gguf_reader import open_reader
 from jaxspec.nn.model import Transformer
 from jaxspec.nn.rope import RopeScaling
-from jaxspec.nn.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
+from jaxspec.formats.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -99,9 +99,9 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
 
 def is_gguf_source(name_or_path) -> bool:
     """Whether ``name_or_path`` names a GGUF model: a packaged name (``"smollm2-135m"``,
-    :mod:`jaxspec.nn.packaged`), an existing GGUF file (:func:`is_gguf_file`), or a path ending
+    :mod:`jaxspec.formats.packaged`), an existing GGUF file (:func:`is_gguf_file`), or a path ending
     in ``.gguf`` (which the GGUF readers then refuse by name if it is missing)."""
-    from jaxspec.nn.packaged import is_packaged_name
+    from jaxspec.formats.packaged import is_packaged_name
 
     if not isinstance(name_or_path, (str, os.PathLike)):
         return False

@@ -12,7 +12,7 @@ package (installed by the ``hf`` extra), or the byte tokenizer of the embedded m
     load_tokenizer("smollm2-135m")                   # GGUFTokenizer (a packaged model, or any .gguf file)
 
 Nothing here touches the network: the file is read from local disk. ``tokenizers`` is
-imported lazily, only when a ``tokenizer.json`` is loaded (GGUF files: :mod:`jaxspec.nn.gguf_tokenizer`).
+imported lazily, only when a ``tokenizer.json`` is loaded (GGUF files: :mod:`jaxspec.formats.gguf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.nn.tokenizer import BaseTokenizer, ByteTokenizer
+from jaxspec.formats.tokenizer import BaseTokenizer, ByteTokenizer
 
 __all__ = ["HFTokenizer", "load_tokenizer", "TOKENIZER_FILE"]
 
@@ -53,10 +53,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 class HFTokenizer(BaseTokenizer):
     """A ``tokenizers.Tokenizer`` with the same small interface as
-    :class:`~jaxspec.nn.tokenizer.ByteTokenizer` (``encode`` / ``decode`` / ``vocab_size`` /
+    :class:`~jaxspec.formats.tokenizer.ByteTokenizer` (``encode`` / ``decode`` / ``vocab_size`` /
     ``bos_id`` / ``eos_id`` / ``pad_id`` / ``is_special``). ``encode(text, add_bos=False,
     add_eos=False)``: ids without the tokenizer's own post-processing specials (see
-    :class:`~jaxspec.nn.tokenizer.BaseTokenizer`)."""
+    :class:`~jaxspec.formats.tokenizer.BaseTokenizer`)."""
 
     def __init__(self, tokenizer, *, bos_id: int | None = None, eos_id: int | None = None,
                  pad_id: int | None = None, source: str = "<memory>"):
@@ -135,17 +135,17 @@ class HFTokenizer(BaseTokenizer):
 
 def load_tokenizer(name_or_path: str | os.PathLike):
     """The tokenizer of a model: :class:`HFTokenizer` when its folder has ``tokenizer.json``;
-    the :class:`~jaxspec.nn.tokenizer.ByteTokenizer` for the embedded models and folders whose
+    the :class:`~jaxspec.formats.tokenizer.ByteTokenizer` for the embedded models and folders whose
     ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes); the
-    :class:`~jaxspec.nn.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
+    :class:`~jaxspec.formats.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
     packaged name such as ``"smollm2-135m"``). ``FileNotFoundError`` otherwise."""
-    from jaxspec.nn.gguf import is_gguf_source
-    from jaxspec.nn.gguf_tokenizer import load_gguf_tokenizer  # imports no GGUF package itself
-    from jaxspec.nn.packaged import is_packaged_name, packaged_file
+    from jaxspec.formats.gguf import is_gguf_source
+    from jaxspec.formats.gguf_tokenizer import load_gguf_tokenizer  # imports no GGUF package itself
+    from jaxspec.formats.packaged import is_packaged_name, packaged_file
 
     if is_gguf_source(name_or_path):
         return load_gguf_tokenizer(packaged_file(name_or_path) if is_packaged_name(name_or_path) else name_or_path)
-    from jaxspec.nn.checkpoint import resolve_model_path
+    from jaxspec.formats.checkpoint import resolve_model_path
 
     folder = resolve_model_path(name_or_path)
     if (folder / TOKENIZER_FILE).is_file():

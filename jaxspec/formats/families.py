@@ -8,7 +8,7 @@ that is all a family is. There is no per-family forward: every family runs as th
     #  "attn_logit_softcapping": 50.0, "sliding_window": 4096, "layer_types": [...], ...}
 
 Families with fused projections list them in :data:`FUSED_TENSORS`; the loader
-(:func:`jaxspec.nn.checkpoint.load_model`) splits them into the separate q/k/v and gate/up
+(:func:`jaxspec.formats.checkpoint.load_model`) splits them into the separate q/k/v and gate/up
 tensors the model has. Anything a family's config says that no field expresses is refused by
 name (LongRoPE, partial rotary, another activation, bidirectional attention, ...).
 """
