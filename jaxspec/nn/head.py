@@ -44,7 +44,7 @@ from safetensors.numpy import save_file
 
 from jaxspec.nn.cache import KVCache
 from jaxspec.nn.config import ModelConfig
-from jaxspec.nn.model import FORWARD_SCOPE, DecoderLayer, RMSNorm, Transformer, write_and_attend
+from jaxspec.nn.model import FORWARD_SCOPE, DecoderLayer, RMSNorm, Transformer, check_tap_layers, write_and_attend
 
 __all__ = [
     "HEAD_KEY",
@@ -69,6 +69,8 @@ DRAFT_VOCAB_KEY = "draft_vocab_size"
 STORAGE_KEY = "storage_dtype"
 #: the config.json key of the tree the head drafts best (FeatureHead.preferred_tree)
 TREE_KEY = "tree"
+#: the config.json key of a multi-layer head's target layers (FeatureHead.feature_layers)
+LAYERS_KEY = "feature_layers"
 _F32 = jnp.float32
 
 
@@ -108,7 +110,8 @@ class FeatureHead(nnx.Module):
     :func:`init_head` or loaded by :func:`load_head`.
     """
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, draft_vocab_size: int | None = None):
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, draft_vocab_size: int | None = None,
+                 feature_layers: tuple[int, ...] | None = None):
         if not isinstance(config, ModelConfig):
             raise ValueError(f"FeatureHead: config = {type(config).__name__}; expected a ModelConfig")
         if config.num_hidden_layers != 1:
@@ -121,6 +124,22 @@ class FeatureHead(nnx.Module):
         self.fc = nnx.Linear(2 * d, d, use_bias=True, dtype=pd, param_dtype=pd, rngs=rngs)
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs)])
         self.norm = RMSNorm(d, config.rms_norm_eps, pd)
+        # a multi-layer head (EAGLE-3) fuses taps of the target's low and middle layers with
+        # its features: fuse([tap_1 .. tap_k, feature]) -> D, first k blocks zero and the last
+        # the identity at init, so it starts as the last-layer head and learns what the taps add
+        if feature_layers is not None and not (
+                isinstance(feature_layers, (tuple, list)) and feature_layers
+                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in feature_layers)
+                and list(feature_layers) == sorted(set(feature_layers))):
+            raise ValueError(f"FeatureHead: feature_layers = {feature_layers!r}; expected None or increasing target "
+                             "layer indices such as (1, 14)")
+        self.feature_layers = None if feature_layers is None else tuple(feature_layers)
+        self.fuse = nnx.data(None)
+        if self.feature_layers is not None:
+            k = len(self.feature_layers)
+            w = jnp.concatenate([jnp.zeros((k * d, d), pd), jnp.eye(d, dtype=pd)], axis=0)
+            self.fuse = nnx.data(nnx.Linear((k + 1) * d, d, use_bias=False, dtype=pd, param_dtype=pd, rngs=rngs))
+            self.fuse.kernel.set_value(w)
         if draft_vocab_size is not None and (isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, int)
                                              or not 1 <= draft_vocab_size <= config.vocab_size):
             raise ValueError(f"FeatureHead: draft_vocab_size = {draft_vocab_size!r}; expected None or an integer "
@@ -145,6 +164,16 @@ class FeatureHead(nnx.Module):
         full = jnp.full((*rows.shape[:-1], self.config.vocab_size), -jnp.inf, rows.dtype)
         return full.at[..., ids].set(rows)
 
+    def fused(self, feats, taps=None) -> jax.Array:
+        """The feature a true pair reads: the target's ``feats [B, T, D]`` for a last-layer
+        head; for a multi-layer head ``fuse([taps, feats])``, ``taps [B, T, k, D]`` the
+        target's :func:`~jaxspec.nn.model.forward_taps` at ``feature_layers``."""
+        if self.fuse is None:
+            return feats.astype(_F32)
+        b, t, k, d = taps.shape
+        x = jnp.concatenate([taps.reshape(b, t, k * d), feats], axis=-1).astype(self.config.param_dtype)
+        return self.fuse(x).astype(_F32)
+
     def inputs(self, target: Transformer, feats, tokens):
         """The layer's input ``fc([embed(tokens), feats])``: float32 ``[B, T, D]``."""
         x = jnp.concatenate([target.embed(tokens), feats.astype(_F32)], axis=-1)  # [B, T, 2D]
@@ -156,14 +185,15 @@ class FeatureHead(nnx.Module):
             x, cache = write_and_attend(self.layers, x, positions, cache, attention_mask)
             return self.norm(x), cache
 
-    def teacher_forced(self, target: Transformer, tokens, feats):
+    def teacher_forced(self, target: Transformer, tokens, feats, taps=None):
         """Training and evaluation without a cache: ``tokens int32[B, T]`` and the target's
         features ``float32[B, T, D]`` at those tokens -> the head's prediction of each
         position's feature ``float32[B, T, D]``, position p reading ``feats[:, p - 1]``
-        (zeros at p = 0) under a causal mask."""
-        return self.unrolled(target, tokens, feats, 1)[0]
+        (zeros at p = 0) under a causal mask; ``taps [B, T, k, D]`` for a multi-layer head
+        (:meth:`fused`)."""
+        return self.unrolled(target, tokens, feats, 1, taps)[0]
 
-    def unrolled(self, target: Transformer, tokens, feats, steps: int) -> jax.Array:
+    def unrolled(self, target: Transformer, tokens, feats, steps: int, taps=None) -> jax.Array:
         """The head's predictions at draft depths ``1 .. steps`` along the true sequence, each
         computed as drafting computes it: ``float32[steps, B, T, D]``.
 
@@ -176,13 +206,15 @@ class FeatureHead(nnx.Module):
         forward over the sequence with its K/V kept for the deeper ones, EAGLE-3's
         "training-time test". Positions ``p < s - 1`` have fewer than ``s - 1`` true
         predecessors, so a chain of that depth cannot reach them in drafting; their rows are
-        computed but mean nothing (training and evaluation leave them out)."""
+        computed but mean nothing (training and evaluation leave them out). Depth 1 reads the
+        true pairs' :meth:`fused` features (``taps`` for a multi-layer head), deeper depths the
+        head's own predictions, as drafting does."""
         b, t = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         i = jnp.arange(t)
         layer = self.layers[0]
         ks, vs, preds = [], [], []
-        inputs = feats
+        inputs = self.fused(feats, taps)
         for s in range(1, steps + 1):
             prev = jnp.concatenate([jnp.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)  # [B, T, D]
             x = self.inputs(target, prev, tokens)
@@ -198,18 +230,21 @@ class FeatureHead(nnx.Module):
         return jnp.stack(preds)
 
 
-def init_head(config: ModelConfig, key: jax.Array, *, draft_vocab=None) -> FeatureHead:
+def init_head(config: ModelConfig, key: jax.Array, *, draft_vocab=None,
+              feature_layers: tuple[int, ...] | None = None) -> FeatureHead:
     """A randomly initialised :class:`FeatureHead` (``key`` from ``jax.random.key``);
     ``draft_vocab`` (distinct target ids, any integer sequence) makes it a reduced-vocabulary
-    head drafting those ids."""
+    head drafting those ids; ``feature_layers`` (target layer indices, e.g. ``(1, 14)``) a
+    multi-layer head (:meth:`FeatureHead.fused`)."""
     if draft_vocab is None:
-        return FeatureHead(config, rngs=nnx.Rngs(params=key))
+        return FeatureHead(config, rngs=nnx.Rngs(params=key), feature_layers=feature_layers)
     ids = np.asarray(draft_vocab)
     if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"init_head: draft_vocab = {ids.dtype}{list(ids.shape)}; expected a non-empty 1-D "
                          "sequence of integer token ids")
     _check_draft_ids(ids, config.vocab_size, "init_head: draft_vocab has")
-    head = FeatureHead(config, rngs=nnx.Rngs(params=key), draft_vocab_size=int(ids.size))
+    head = FeatureHead(config, rngs=nnx.Rngs(params=key), draft_vocab_size=int(ids.size),
+                       feature_layers=feature_layers)
     head.draft_vocab.set_value(jnp.asarray(ids, jnp.int32))
     return head
 
@@ -229,18 +264,21 @@ def check_head_for(name: str, head, target: Transformer) -> FeatureHead:
     else ``ValueError`` naming ``name``."""
     if not isinstance(head, FeatureHead):
         raise ValueError(f"{name}: expected a jaxspec FeatureHead, got {type(head).__name__}")
-    check_head_config_for(name, head.config, target)
+    check_head_config_for(name, head.config, target, head.feature_layers)
     return head
 
 
-def check_head_config_for(name: str, config: ModelConfig, target: Transformer) -> None:
-    """``ValueError`` naming ``name`` unless a head of ``config`` fits ``target`` (width,
-    vocabulary)."""
+def check_head_config_for(name: str, config: ModelConfig, target: Transformer,
+                          feature_layers: tuple[int, ...] | None = None) -> None:
+    """``ValueError`` naming ``name`` unless a head of ``config`` (and ``feature_layers``, a
+    multi-layer head's) fits ``target`` (width, vocabulary, layers)."""
     for field in ("hidden_size", "vocab_size"):
         hv, tv = getattr(config, field), getattr(target.config, field)
         if hv != tv:
             raise ValueError(f"{name}: {field} = {hv}; expected the target's {field} = {tv} (a head reads the "
                              "target's features and logits through its LM head)")
+    if feature_layers is not None:
+        check_tap_layers(name, feature_layers, target.config.num_hidden_layers)
 
 
 def target_digest(target: Transformer) -> str:
@@ -300,6 +338,8 @@ def save_head(head: FeatureHead, out_dir: str | os.PathLike, *, target: Transfor
         meta["target_digest"] = target_digest(target)
     if head.preferred_tree is not None:
         meta[TREE_KEY] = head.preferred_tree
+    if head.feature_layers is not None:
+        meta[LAYERS_KEY] = list(head.feature_layers)
     flat = dict(nnx.to_flat_state(nnx.state(head)))
     tensors = {name: np.ascontiguousarray(np.asarray(flat[path].get_value()))
                for name, path in _tensor_names(nnx.state(head)).items()}
@@ -323,8 +363,15 @@ def load_head(path: str | os.PathLike) -> FeatureHead:
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= config.vocab_size):
         raise ValueError(f"load_head: {folder / 'config.json'}: {DRAFT_VOCAB_KEY} = {k!r}; expected an integer "
                          f"from 1 to the vocabulary's {config.vocab_size}")
+    layers = meta.get(LAYERS_KEY)
+    if layers is not None and (not isinstance(layers, list) or not layers
+                               or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+                               or layers != sorted(set(layers))):
+        raise ValueError(f"load_head: {folder / 'config.json'}: {LAYERS_KEY} = {layers!r}; expected a list of "
+                         "increasing target layer indices")
     graphdef, state = nnx.split(nnx.eval_shape(
-        lambda: FeatureHead(config, rngs=nnx.Rngs(params=jax.random.key(0)), draft_vocab_size=k)))
+        lambda: FeatureHead(config, rngs=nnx.Rngs(params=jax.random.key(0)), draft_vocab_size=k,
+                            feature_layers=None if layers is None else tuple(layers))))
     shapes = {path: var.get_value() for path, var in nnx.to_flat_state(state)}
     weights = folder / "model.safetensors"
     if not weights.is_file():

@@ -86,6 +86,9 @@ __all__ = [
     "init_model",
     "forward_logits",
     "forward_features",
+    "forward_taps",
+    "check_tap_layers",
+    "tap",
     "prefill",
     "decode_step",
     "apply_rope",
@@ -435,15 +438,54 @@ def forward_features(model: Transformer, tokens: jax.Array) -> jax.Array:
     """:func:`forward_logits` up to the LM head: ``int32[B, T]`` -> float32 features
     ``[B, T, D]`` (after the final norm; ``model.unembed`` of them is ``forward_logits``)."""
     tokens = _check_token_ids("forward_features", "tokens", tokens, 2, "[B, T]")
+    return _causal_stack(model, tokens, ())[0]
+
+
+def forward_taps(model: Transformer, tokens: jax.Array, layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """:func:`forward_features` and, beside them, the residuals after each of ``layers``
+    (0-based layer indices), each scaled to unit RMS (:func:`tap`): ``int32[B, T]`` ->
+    (features float32 ``[B, T, D]``, taps float32 ``[B, T, len(layers), D]``). The low and
+    middle layers a multi-layer feature head fuses with the last (EAGLE-3, arXiv 2503.01840)."""
+    tokens = _check_token_ids("forward_taps", "tokens", tokens, 2, "[B, T]")
+    check_tap_layers("forward_taps", layers, model.config.num_hidden_layers)
+    return _causal_stack(model, tokens, tuple(layers))
+
+
+def check_tap_layers(name: str, layers, num_layers: int) -> None:
+    """``ValueError`` naming ``name`` unless ``layers`` are distinct, increasing layer indices
+    in ``0 .. num_layers - 2`` (the last layer's residual is the features themselves)."""
+    ok = (isinstance(layers, (tuple, list)) and len(layers) > 0
+          and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+          and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] <= num_layers - 2)
+    if not ok:
+        raise ValueError(f"{name}: feature_layers = {layers!r}; expected increasing layer indices from 0 to "
+                         f"{num_layers - 2} (the target has {num_layers} layers; its last is the features)")
+
+
+def tap(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """A residual ``[..., D]`` scaled to unit RMS (no weight), float32: middle layers'
+    residuals grow to large norms, and a tap must stay in float16's range on disk."""
+    x = x.astype(_F32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _causal_stack(model: Transformer, tokens: jax.Array, layers: tuple[int, ...]):
+    """The causal forward without a cache (positions ``arange(T)``): final features and the
+    taps after ``layers`` (``[B, T, 0, D]`` when none)."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), jnp.bool_)), (b, t, t))  # [B, T, T]
     masks = _LayerMasks(mask, positions, lambda: positions)  # key j is token j
     x = model.embed(tokens)
-    for layer in model.layers:
+    taps = []
+    for i, layer in enumerate(model.layers):
         q, k, v = layer.project(x, positions)
         x = layer.finish(x, q, k, v, masks.of(layer))
-    return model.norm(x)
+        if i in layers:
+            taps.append(tap(x))
+    feats = model.norm(x)
+    taps = jnp.stack(taps, axis=2) if taps else jnp.zeros((b, t, 0, feats.shape[-1]), _F32)
+    return feats, taps
 
 
 def prefill(

@@ -12,6 +12,8 @@ without the full LM head::
     cache.feats    # float16[N, D]  the target's features
     cache.lse      # float32[N]     logsumexp of the target's logits
     cache.seq      # int32[N]       which sequence each position belongs to
+    cache.taps     # float16[N, k, D] with feature_layers=(...): the unit-RMS residuals after
+                   #                those layers (forward_taps), a multi-layer head's input; else None
 
 Sequences are written in shards of :data:`SHARD` sequences (``shard_00000.npz`` ...), each
 renamed into place when complete, so a stopped build resumes at the first missing shard;
@@ -22,6 +24,7 @@ folder made for another target or other sequences is refused.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +38,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from jaxspec.nn.head import target_digest
-from jaxspec.nn.model import Transformer, forward_features
+from jaxspec.nn.model import Transformer, check_tap_layers, forward_features, forward_taps
 
 __all__ = ["SHARD", "FeatureCache", "build_feature_cache", "load_feature_cache", "sequences_digest"]
 
@@ -53,6 +56,8 @@ class FeatureCache:
     seq: np.ndarray  # int32[N]
     target_digest: str
     digest: str  # of the sequences
+    taps: np.ndarray | None = None  # float16[N, k, D] at feature_layers
+    feature_layers: tuple[int, ...] | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -69,11 +74,11 @@ def sequences_digest(sequences: Sequence[Sequence[int]]) -> str:
     return h.hexdigest()[:16]
 
 
-@nnx.jit
-def _features_and_lse(target: Transformer, tokens: jax.Array):
-    """``int32[B, T]`` -> features float32[B, T, D], lse float32[B, T]."""
-    feats = forward_features(target, tokens)
-    return feats, jax.nn.logsumexp(target.unembed(feats), axis=-1)
+@functools.partial(nnx.jit, static_argnums=2)
+def _features_and_lse(target: Transformer, tokens: jax.Array, layers: tuple[int, ...]):
+    """``int32[B, T]`` -> features float32[B, T, D], lse float32[B, T], taps float32[B, T, k, D]."""
+    feats, taps = forward_taps(target, tokens, layers) if layers else (forward_features(target, tokens), None)
+    return feats, jax.nn.logsumexp(target.unembed(feats), axis=-1), taps
 
 
 def _bucket(n: int, step: int = 64) -> int:
@@ -81,10 +86,11 @@ def _bucket(n: int, step: int = 64) -> int:
     return -(-n // step) * step
 
 
-def _shard_arrays(target: Transformer, seqs: list[list[int]], batch_tokens: int):
-    """One shard's arrays: tokens, float16 features and lse, concatenated over ``seqs``."""
+def _shard_arrays(target: Transformer, seqs: list[list[int]], batch_tokens: int, layers: tuple[int, ...]):
+    """One shard's arrays: tokens, float16 features, lse and float16 taps (None without
+    ``layers``), concatenated over ``seqs``."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    feats, lse = [None] * len(seqs), [None] * len(seqs)
+    feats, lse, taps = [None] * len(seqs), [None] * len(seqs), [None] * len(seqs)
     i = 0
     while i < len(order):
         t = _bucket(len(seqs[order[i]]))
@@ -96,11 +102,14 @@ def _shard_arrays(target: Transformer, seqs: list[list[int]], batch_tokens: int)
         batch = np.zeros((len(group), t), np.int32)  # right padding: causal, so it changes no real position
         for r, j in enumerate(group):
             batch[r, : len(seqs[j])] = seqs[j]
-        f, z = _features_and_lse(target, jnp.asarray(batch))
+        f, z, tp = _features_and_lse(target, jnp.asarray(batch), layers)
         f, z = np.asarray(f), np.asarray(z)
         for r, j in enumerate(group):
             feats[j], lse[j] = f[r, : len(seqs[j])].astype(np.float16), z[r, : len(seqs[j])]
-    return (np.concatenate([np.asarray(s, np.int32) for s in seqs]), np.concatenate(feats), np.concatenate(lse))
+            if layers:
+                taps[j] = np.asarray(tp[r, : len(seqs[j])]).astype(np.float16)
+    return (np.concatenate([np.asarray(s, np.int32) for s in seqs]), np.concatenate(feats), np.concatenate(lse),
+            np.concatenate(taps) if layers else None)
 
 
 def _check_sequences(sequences, vocab: int) -> list[list[int]]:
@@ -117,18 +126,24 @@ def _check_sequences(sequences, vocab: int) -> list[list[int]]:
 
 
 def build_feature_cache(target: Transformer, sequences: Sequence[Sequence[int]], folder: str | os.PathLike, *,
-                        batch_tokens: int = 4096, progress: bool = True) -> FeatureCache:
+                        batch_tokens: int = 4096, feature_layers: Sequence[int] | None = None,
+                        progress: bool = True) -> FeatureCache:
     """Compute (or finish computing) the cache of ``target`` over ``sequences`` in ``folder``
-    and return it (:func:`load_feature_cache`). ``batch_tokens``: padded tokens per forward."""
+    and return it (:func:`load_feature_cache`). ``batch_tokens``: padded tokens per forward;
+    ``feature_layers``: also keep the taps after those target layers (a multi-layer head's
+    input, :func:`~jaxspec.nn.model.forward_taps`)."""
+    layers = () if feature_layers is None else tuple(feature_layers)
+    if feature_layers is not None:
+        check_tap_layers("build_feature_cache", list(layers), target.config.num_hidden_layers)
     seqs = _check_sequences(sequences, target.config.vocab_size)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"target_digest": target_digest(target), "digest": sequences_digest(seqs), "num_sequences": len(seqs),
-            "shard": SHARD, "hidden_size": target.config.hidden_size}
+            "shard": SHARD, "hidden_size": target.config.hidden_size, "feature_layers": list(layers) or None}
     path = folder / META
     if path.exists():
         old = json.loads(path.read_text())
-        for k in ("target_digest", "digest", "shard"):
+        for k in ("target_digest", "digest", "shard", "feature_layers"):
             if old.get(k) != meta[k]:
                 raise ValueError(f"build_feature_cache: {folder} holds a cache with {k} = {old.get(k)!r}, not this "
                                  f"run's {meta[k]!r}; expected the same target and sequences (or a new folder)")
@@ -139,9 +154,9 @@ def build_feature_cache(target: Transformer, sequences: Sequence[Sequence[int]],
     for k, start in enumerate(shards):
         out = folder / f"shard_{k:05d}.npz"
         if not out.exists():
-            tokens, feats, lse = _shard_arrays(target, seqs[start:start + SHARD], batch_tokens)
+            tokens, feats, lse, taps = _shard_arrays(target, seqs[start:start + SHARD], batch_tokens, layers)
             tmp = folder / f"shard_{k:05d}.tmp.npz"
-            np.savez(tmp, tokens=tokens, feats=feats, lse=lse,
+            np.savez(tmp, tokens=tokens, feats=feats, lse=lse, **({} if taps is None else {"taps": taps}),
                      lengths=np.asarray([len(s) for s in seqs[start:start + SHARD]], np.int32))
             os.replace(tmp, out)
         bar.update(len(seqs[start:start + SHARD]))
@@ -157,18 +172,21 @@ def load_feature_cache(folder: str | os.PathLike) -> FeatureCache:
         raise FileNotFoundError(f"load_feature_cache: {folder / META} is missing; expected a folder written by "
                                 "build_feature_cache")
     meta = json.loads((folder / META).read_text())
-    parts = {"tokens": [], "feats": [], "lse": [], "seq": []}
+    layers = meta.get("feature_layers")
+    parts = {"tokens": [], "feats": [], "lse": [], "seq": [], "taps": []}
     n = 0
     for k in range(-(-meta["num_sequences"] // meta["shard"])):
         path = folder / f"shard_{k:05d}.npz"
         if not path.exists():
             raise FileNotFoundError(f"load_feature_cache: {path} is missing; build_feature_cache finishes the cache")
         with np.load(path) as z:
-            for name in ("tokens", "feats", "lse"):
+            for name in ("tokens", "feats", "lse") + (("taps",) if layers else ()):
                 parts[name].append(z[name])
             lengths = z["lengths"]
         parts["seq"].append(np.repeat(np.arange(n, n + lengths.size, dtype=np.int32), lengths))
         n += lengths.size
     return FeatureCache(tokens=np.concatenate(parts["tokens"]), feats=np.concatenate(parts["feats"]),
                         lse=np.concatenate(parts["lse"]), seq=np.concatenate(parts["seq"]),
-                        target_digest=meta["target_digest"], digest=meta["digest"])
+                        target_digest=meta["target_digest"], digest=meta["digest"],
+                        taps=np.concatenate(parts["taps"]) if layers else None,
+                        feature_layers=tuple(layers) if layers else None)

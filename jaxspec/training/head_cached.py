@@ -38,7 +38,7 @@ from flax import nnx
 
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import FeatureHead, head_config as default_head_config, init_head, save_head, target_digest
-from jaxspec.nn.model import Transformer
+from jaxspec.nn.model import Transformer, check_tap_layers
 from jaxspec.training.feature_cache import FeatureCache
 from jaxspec.training.head import (
     DEFAULT_FEATURE_WEIGHT,
@@ -95,12 +95,15 @@ def _val_windows(cache: FeatureCache, val_pos: np.ndarray, t: int) -> np.ndarray
 
 def _depth_terms(head: FeatureHead, target: Transformer, idx, data, depths: int, noise_key=None, noise=0.0):
     """Per depth and position ``[S, B, T]``: the law term, smooth L1, overlap and a mask, for
-    windows of cached positions ``idx int32[B, T]``; ``data`` = (tokens, feats, lse, seq)."""
-    tokens, feats, lse, seq = data
+    windows of cached positions ``idx int32[B, T]``; ``data`` = (tokens, feats, lse, seq[, taps])."""
+    tokens, feats, lse, seq = data[:4]
     tok, f, z, sid = tokens[idx], feats[idx].astype(jnp.float32), lse[idx], seq[idx]
+    taps = data[4][idx].astype(jnp.float32) if head.feature_layers is not None else None  # [B, T, k, D]
     valid = (sid == sid[:, :1]).astype(jnp.float32)  # [B, T]: the window's first sequence only
     inputs = f if noise_key is None else f + jax.random.uniform(noise_key, f.shape, jnp.float32, -noise, noise)
-    preds = head.unrolled(target, tok, inputs, depths)  # [S, B, T, D]
+    if taps is not None and noise_key is not None:
+        taps = taps + jax.random.uniform(jax.random.fold_in(noise_key, 1), taps.shape, jnp.float32, -noise, noise)
+    preds = head.unrolled(target, tok, inputs, depths, taps)  # [S, B, T, D]
     if head.draft_vocab is None:
         rows = target.unembed
     else:
@@ -151,7 +154,7 @@ def evaluate_cached(head: FeatureHead, target: Transformer, cache: FeatureCache,
                     unroll: int = 1, batch_size: int = 8) -> dict[str, float]:
     """Held-out metrics over ``windows`` (``int32[n, T + 1]`` cached positions): ``alpha``,
     ``alpha_depth_s``, ``coverage``, ``val_kl``, ``val_feature_loss`` (module docstring)."""
-    data = tuple(jnp.asarray(a) for a in (cache.tokens, cache.feats, cache.lse, cache.seq))
+    data = _device_data(cache, head)
     sums = None
     for i in range(0, len(windows), batch_size):
         out = _eval_sums(head, target, jnp.asarray(windows[i : i + batch_size, :-1]), data, unroll)
@@ -162,6 +165,19 @@ def evaluate_cached(head: FeatureHead, target: Transformer, cache: FeatureCache,
            "val_feature_loss": float(sl1[0] / n[0])}
     res.update({f"alpha_depth_{s}": float(overlap[s - 1] / n[s - 1]) for s in range(2, unroll + 1)})
     return res
+
+
+def _device_data(cache: FeatureCache, head: FeatureHead) -> tuple:
+    """The cache's arrays as the loss reads them: tokens, feats, lse, seq, and a multi-layer
+    head's taps (checked to be the layers it fuses)."""
+    arrays = [cache.tokens, cache.feats, cache.lse, cache.seq]
+    if head.feature_layers is not None:
+        if cache.taps is None or cache.feature_layers is None or not set(head.feature_layers) <= set(cache.feature_layers):
+            raise ValueError(f"train_head_cached: feature_layers = {head.feature_layers}; expected layers the feature "
+                             f"cache holds (it holds {cache.feature_layers}: build_feature_cache(feature_layers=...))")
+        cols = [cache.feature_layers.index(i) for i in head.feature_layers]
+        arrays.append(cache.taps if cols == list(range(cache.taps.shape[1])) else cache.taps[:, cols])
+    return tuple(jnp.asarray(a) for a in arrays)
 
 
 def coverage(target: Transformer, cache: FeatureCache, ids_by_k: dict[int, np.ndarray], *, positions: int = 4096,
@@ -188,6 +204,7 @@ def train_head_cached(
     *,
     head_config: ModelConfig | None = None,
     draft_vocab=None,
+    feature_layers: tuple[int, ...] | None = None,
     unroll: int = 1,
     feature_weight: float = DEFAULT_FEATURE_WEIGHT,
     noise: float = DEFAULT_NOISE,
@@ -199,14 +216,18 @@ def train_head_cached(
     """Train a head for ``target`` on ``cache`` (module docstring); checkpoints, resuming,
     the divergence guard and the export are :func:`~jaxspec.training.train.fit`'s and
     :func:`~jaxspec.training.head.train_head`'s. ``draft_vocab``: the ids of a reduced
-    vocabulary (e.g. :func:`frequent_ids`), or None for the whole vocabulary."""
+    vocabulary (e.g. :func:`frequent_ids`), or None for the whole vocabulary; ``feature_layers``
+    a multi-layer head fusing the cache's taps at those target layers (EAGLE-3)."""
     if cache.target_digest != target_digest(target):
         raise ValueError(f"train_head_cached: the cache was computed for target {cache.target_digest}, not this "
                          f"target {target_digest(target)}; expected the cache of this target")
     if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= config.seq_len:
         raise ValueError(f"train_head_cached: unroll = {unroll!r}; expected an integer from 1 to seq_len")
     hc = head_config or default_head_config(target.config)
-    head = init_head(hc, jax.random.key(config.seed), draft_vocab=draft_vocab)
+    if feature_layers is not None:
+        check_tap_layers("train_head_cached", feature_layers, target.config.num_hidden_layers)
+    head = init_head(hc, jax.random.key(config.seed), draft_vocab=draft_vocab,
+                     feature_layers=None if feature_layers is None else tuple(feature_layers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_pos, val_pos = _splits(cache)
@@ -214,9 +235,10 @@ def train_head_cached(
         np.asarray(draft_vocab, np.int32).tobytes()).hexdigest()[:16]
     corpus = _Corpus(train=train_pos, digest=f"{cache.digest}-{vocab_digest}")
     val = _val_windows(cache, val_pos, config.seq_len)
-    data = tuple(jnp.asarray(a) for a in (cache.tokens, cache.feats, cache.lse, cache.seq))
+    data = _device_data(cache, head)
     loss_meta = {"feature_weight": float(feature_weight), "noise": float(noise), "unroll": unroll,
-                 "draft_vocab_size": head.draft_vocab_size}
+                 "draft_vocab_size": head.draft_vocab_size,
+                 "feature_layers": None if feature_layers is None else list(feature_layers)}
 
     def evaluate(h):
         return evaluate_cached(h, target, cache, val, unroll=unroll)
