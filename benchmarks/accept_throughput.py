@@ -11,7 +11,7 @@ Writes ``accept_throughput.json`` and ``accept_throughput.png`` under ``--out``.
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("accept", default_out=pathlib.Path(__file__).resolve().parent / "results"))

@@ -13,7 +13,7 @@ Writes ``continuous_batching.json`` and ``continuous_batching.png`` under ``--ou
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("queue", default_out=pathlib.Path(__file__).resolve().parent / "results"))

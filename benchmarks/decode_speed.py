@@ -11,7 +11,7 @@ Writes ``decode_speed.json`` and ``decode_speed.png`` under ``--out``.
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("decode", default_out=pathlib.Path(__file__).resolve().parent / "results"))

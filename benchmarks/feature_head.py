@@ -13,7 +13,7 @@ Writes ``feature_head.json`` and ``feature_head.png`` under ``--out``.
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("head", default_out=pathlib.Path(__file__).resolve().parent / "results"))

@@ -68,7 +68,7 @@ def measure_decode(new_tokens: int, turns: int) -> dict:
     from jaxspec.decode.generate import generate, generate_autoregressive
     from jaxspec.decode.ngram import NgramDraft
     from jaxspec.formats.checkpoint import load_model
-    from jaxspec.formats.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m")
     prompt = tok.encode_chat(CHAT)

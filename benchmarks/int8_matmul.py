@@ -1,6 +1,6 @@
 """One W8A8 matrix product on this CPU, four ways (issue 48: "choose qwix, aqtp or a direct
 dot_general by measurement"): float32, jaxspec's direct int8 ``dot_general``
-(:func:`jaxspec.nn.quant.int8_matmul`, a single row padded to two), the same without the
+(:func:`jaxspec.nn.int8.int8_matmul`, a single row padded to two), the same without the
 padding, and, when they import, ``qwix`` (PTQ of an ``nnx.Linear``: int8 weights frozen, rows
 quantized at run time) and ``aqtp`` (``aqt.jax.v2`` ``fully_quantized`` int8 ``dot_general``:
 both operands quantized on every call, its only form without Linen)::
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.common import machine_info, time_calls_turns
-from jaxspec.nn.quant import int8_matmul, quantize_rows, quantize_weights
+from jaxspec.nn.int8 import int8_matmul, quantize_rows, quantize_weights
 
 SHAPES = {"lm_head": (576, 49152), "mlp_up": (576, 1536)}
 ROWS = (1, 2, 3, 4, 8, 16)

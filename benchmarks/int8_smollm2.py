@@ -188,7 +188,7 @@ def main(argv=None) -> int:
 
     from jaxspec.bench.common import machine_info
     from jaxspec.formats.checkpoint import load_model
-    from jaxspec.formats.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_tokenizer
     from jaxspec.nn.quant import int8_speedup, quantize_model
 
     tok = load_tokenizer(MODEL)

@@ -12,7 +12,7 @@ Writes ``round_cost.json`` and ``round_cost.png`` under ``--out``.
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("round", default_out=pathlib.Path(__file__).resolve().parent / "results"))

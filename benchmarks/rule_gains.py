@@ -12,7 +12,7 @@ Writes ``rule_gains.json`` and ``rule_gains.png`` under ``--out``.
 import pathlib
 import sys
 
-from jaxspec.bench.common import script_main
+from jaxspec.bench import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("rules", default_out=pathlib.Path(__file__).resolve().parent / "results"))

@@ -72,7 +72,7 @@ _EXPORTS = {
     **{n: ("jaxspec.nn.head", n) for n in ("FeatureHead", "head_config", "init_head", "load_head", "save_head")},
     "ByteTokenizer": ("jaxspec.formats.tokenizer", "ByteTokenizer"),
     "HFTokenizer": ("jaxspec.formats.hf_tokenizer", "HFTokenizer"),
-    "load_tokenizer": ("jaxspec.formats.hf_tokenizer", "load_tokenizer"),
+    "load_tokenizer": ("jaxspec.formats.checkpoint", "load_tokenizer"),
     # generation
     **{n: ("jaxspec.decode.generate", n) for n in ("GenerateResult", "generate", "generate_autoregressive")},
     "NgramDraft": ("jaxspec.decode.ngram", "NgramDraft"),

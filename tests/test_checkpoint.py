@@ -439,7 +439,8 @@ _WORDS = ["<unk>", "<eos>", "def", "f", "(", ")", ":", "x", "return", "+", "1"] 
 
 
 def test_hf_tokenizer(tmp_path):
-    from jaxspec.formats.hf_tokenizer import HFTokenizer, load_tokenizer
+    from jaxspec.formats.checkpoint import load_tokenizer
+    from jaxspec.formats.hf_tokenizer import HFTokenizer
     from jaxspec.formats.tokenizer import ByteTokenizer
 
     _write_tokenizer(tmp_path, _WORDS)

@@ -20,8 +20,9 @@ gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
+from jaxspec.formats.checkpoint import load_tokenizer  # noqa: E402
 from jaxspec.formats.gguf_tokenizer import PRE_TOKENIZER_SPLITS, GGUFTokenizer, load_gguf_tokenizer  # noqa: E402
-from jaxspec.formats.hf_tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
+from jaxspec.formats.hf_tokenizer import HFTokenizer  # noqa: E402
 from jaxspec.formats.packaged import packaged_file  # noqa: E402
 
 # --- files -------------------------------------------------------------------------------------------

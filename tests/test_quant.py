@@ -1,4 +1,4 @@
-"""W8A8 execution (jaxspec.nn.quant, issue 48).
+"""W8A8 execution (jaxspec.nn.int8 and jaxspec.nn.quant, issue 48).
 
 * quantize / dequantize round trips within half a step of their scales;
 * the int8 product: one row padded to two, rows independent bit for bit;
@@ -23,7 +23,7 @@ from flax import nnx
 import jaxspec
 from jaxspec.cli.common import QUANTIZE_MODES as CLI_MODES
 from jaxspec.exactness.harness import default_pair, verify
-from jaxspec.nn import quant
+from jaxspec.nn import int8, quant
 from jaxspec.nn.masks import tree_cache_mask
 from jaxspec.nn.model import decode_step, forward_logits, prefill
 
@@ -38,8 +38,8 @@ def test_smoothing_leaves_the_product_and_shrinks_outliers():
     kx, kw = jax.random.split(jax.random.key(3))
     x = jax.random.normal(kx, (4, 64)).at[:, 7].multiply(50.0)  # an outlier channel
     w = jax.random.normal(kw, (64, 32)) * 0.1
-    plain = quant.QuantLinear.from_float(w)
-    smooth = quant.QuantLinear.from_float(w, act_max=jnp.max(jnp.abs(x), 0))
+    plain = int8.QuantLinear.from_float(w)
+    smooth = int8.QuantLinear.from_float(w, act_max=jnp.max(jnp.abs(x), 0))
     ref = x @ w
     err = {n: float(jnp.max(jnp.abs(m(x) - ref))) for n, m in (("plain", plain), ("smooth", smooth))}
     assert err["smooth"] < err["plain"], err
@@ -50,10 +50,10 @@ def test_smoothing_leaves_the_product_and_shrinks_outliers():
 def test_weight_round_trip_within_half_a_step():
     w = jax.random.normal(jax.random.key(0), (64, 96)) * jnp.linspace(0.01, 3.0, 96)
     w = w.at[:, 5].set(0.0)  # an all-zero column
-    q, s = quant.quantize_weights(w)
+    q, s = int8.quantize_weights(w)
     assert q.dtype == jnp.int8 and s.shape == (96,) and s.dtype == jnp.float32
     assert int(jnp.max(jnp.abs(q.astype(jnp.int32)))) <= 127
-    err = jnp.abs(quant.dequantize_weights(q, s) - w)
+    err = jnp.abs(int8.dequantize_weights(q, s) - w)
     assert bool(jnp.all(err <= s / 2 * (1 + 1e-6)))
     assert float(s[5]) == 1.0 and not bool(jnp.any(q[:, 5]))
     np.testing.assert_allclose(np.asarray(s), np.asarray(jnp.max(jnp.abs(w), 0)) / 127 + (np.arange(96) == 5),
@@ -63,7 +63,7 @@ def test_weight_round_trip_within_half_a_step():
 def test_row_round_trip_within_half_a_step():
     x = jax.random.normal(jax.random.key(1), (3, 5, 40)) * 7.0
     x = x.at[1, 2].set(0.0)
-    q, s = quant.quantize_rows(x)
+    q, s = int8.quantize_rows(x)
     assert q.dtype == jnp.int8 and s.shape == (3, 5, 1)
     assert bool(jnp.all(jnp.abs(q.astype(jnp.float32) * s - x) <= s / 2 * (1 + 1e-6)))
     assert float(s[1, 2, 0]) == 1.0
@@ -73,19 +73,19 @@ def test_int8_matmul_close_to_float_and_rows_independent():
     kx, kw = jax.random.split(jax.random.key(2))
     x = jax.random.normal(kx, (2, 3, 128))
     w = jax.random.normal(kw, (128, 64)) * 0.1
-    wq, ws = quant.quantize_weights(w)
-    y = jax.jit(quant.int8_matmul)(x, wq, ws)
+    wq, ws = int8.quantize_weights(w)
+    y = jax.jit(int8.int8_matmul)(x, wq, ws)
     assert y.shape == (2, 3, 64) and y.dtype == jnp.float32
     ref = x @ w
     assert float(jnp.max(jnp.abs(y - ref))) < 0.02 * float(jnp.max(jnp.abs(ref)))
     rows = x.reshape(6, 128)
-    alone = jnp.concatenate([jax.jit(quant.int8_matmul)(rows[i:i + 1], wq, ws) for i in range(6)])
+    alone = jnp.concatenate([jax.jit(int8.int8_matmul)(rows[i:i + 1], wq, ws) for i in range(6)])
     np.testing.assert_array_equal(np.asarray(alone), np.asarray(y.reshape(6, 64)))  # bit for bit
 
 
 def test_one_row_is_padded_to_two():
-    wq, ws = quant.quantize_weights(jnp.ones((16, 8)))
-    text = jax.jit(quant.int8_matmul).lower(jnp.ones((1, 1, 16)), wq, ws).as_text()
+    wq, ws = int8.quantize_weights(jnp.ones((16, 8)))
+    text = jax.jit(int8.int8_matmul).lower(jnp.ones((1, 1, 16)), wq, ws).as_text()
     assert "tensor<2x16xi8>" in text and "tensor<1x16xi8>" not in text
     assert "preferred_element_type" in text or "xi32>" in text
 
@@ -93,13 +93,13 @@ def test_one_row_is_padded_to_two():
 def test_quantized_model_structure(pair):
     m, q = pair
     assert quant.is_quantized(q) and not quant.is_quantized(m)
-    assert isinstance(q.layers[0].mlp.up_proj, quant.QuantLinear)
-    assert not isinstance(m.layers[0].mlp.up_proj, quant.QuantLinear)  # the float model is left as it was
+    assert isinstance(q.layers[0].mlp.up_proj, int8.QuantLinear)
+    assert not isinstance(m.layers[0].mlp.up_proj, int8.QuantLinear)  # the float model is left as it was
     assert q.layers[0].self_attn.q_proj.kernel[...].dtype == jnp.int8
     assert q.embed_tokens.embedding[...].dtype == jnp.float32  # embeddings stay float
     assert quant.quantize_model(q) is q
     tied = quant.quantize_model(default_pair(0)[0])
-    assert isinstance(tied.lm_head, quant.QuantLinear)
+    assert isinstance(tied.lm_head, int8.QuantLinear)
     # a head trained on the float model is a head for its int8 copy: the same target digest
     from jaxspec.nn.head import target_digest  # noqa: PLC0415
 

@@ -182,7 +182,7 @@ def test_training_data_is_the_targets_own_answers(ours, tmp_path):
     answers at T = 0 are jaxspec's own greedy decoding of the chat-templated instruction, a
     second call adds nothing (it resumes), and the training sequences are each chat's
     prompt + answer, then windows of the standard-library corpus."""
-    from jaxspec.formats.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_tokenizer
     from jaxspec.training.responses import read_responses, write_responses
     from jaxspec.training.smollm2_head import sequences
 

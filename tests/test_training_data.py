@@ -130,7 +130,7 @@ def smol():
     import jax  # noqa: PLC0415
 
     from jaxspec.nn.config import ModelConfig  # noqa: PLC0415
-    from jaxspec.formats.hf_tokenizer import load_tokenizer  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_tokenizer  # noqa: PLC0415
     from jaxspec.nn.model import init_model  # noqa: PLC0415
 
     try:

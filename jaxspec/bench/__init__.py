@@ -26,13 +26,15 @@ Example::
 
     from jaxspec.bench import BENCHMARKS, run_benchmark
     report, paths = run_benchmark("accept", "tiny", "bench-results")
+
+The scripts in ``benchmarks/`` are :func:`script_main` of one name each.
 """
 
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["BENCHMARKS", "DEFAULT_BENCHMARKS", "benchmark_module", "run_benchmark"]
+__all__ = ["BENCHMARKS", "DEFAULT_BENCHMARKS", "benchmark_module", "run_benchmark", "script_main"]
 
 #: short name -> module (in the order ``jaxspec bench`` runs them)
 BENCHMARKS = {
@@ -68,3 +70,24 @@ def run_benchmark(name: str, size: str, out_dir) -> tuple[dict, dict]:
     common.check_size(size)
     report = mod.run(size)
     return report, common.write_report(report, out_dir, mod.NAME, mod.plot)
+
+
+def script_main(name: str, argv=None, *, default_out=None) -> int:
+    """Entry point of the thin scripts in ``benchmarks/``: ``[--quick] [--out DIR]``; runs
+    benchmark ``name`` (a key of :data:`BENCHMARKS`) as ``jaxspec bench`` does, writes its
+    JSON and PNG and prints its markdown table."""
+    import argparse  # noqa: PLC0415
+
+    from jaxspec.bench import common  # noqa: PLC0415
+
+    mod = benchmark_module(name)
+    p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")
+    p.add_argument("--out", help=f"folder for <name>.json and <name>.png (default: "
+                                 f"{common.default_out_dir(base=default_out)}, its quick/ subfolder with --quick)")
+    args = p.parse_args(argv)
+    size = "quick" if args.quick else "full"
+    report, files = run_benchmark(name, size, args.out or common.default_out_dir(size, base=default_out))
+    print(mod.table(report))
+    print(f"wrote {files['json']} and {files['png']}")
+    return 0

@@ -397,23 +397,3 @@ def size_arguments(parser, *, quick: str, tiny: str, out) -> Callable:
         return size, default_out_dir(size, base=args.out)
 
     return resolve
-
-
-def script_main(name: str, argv=None, *, default_out=None) -> int:
-    """Entry point of the thin scripts in ``benchmarks/``: ``[--quick] [--out DIR]``; runs
-    benchmark ``name`` (a key of :data:`jaxspec.bench.BENCHMARKS`) as ``jaxspec bench`` does,
-    writes its JSON and PNG and prints its markdown table."""
-    import argparse  # noqa: PLC0415
-
-    from jaxspec.bench import benchmark_module, run_benchmark  # noqa: PLC0415
-    mod = benchmark_module(name)
-    p = argparse.ArgumentParser(description=(mod.__doc__ or name).split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="the short version (minutes on 2 CPU cores)")
-    p.add_argument("--out", help=f"folder for <name>.json and <name>.png (default: "
-                                 f"{default_out_dir(base=default_out)}, its quick/ subfolder with --quick)")
-    args = p.parse_args(argv)
-    size = "quick" if args.quick else "full"
-    report, files = run_benchmark(name, size, args.out or default_out_dir(size, base=default_out))
-    print(mod.table(report))
-    print(f"wrote {files['json']} and {files['png']}")
-    return 0

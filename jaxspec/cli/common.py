@@ -288,9 +288,9 @@ def resolve_tokenizer(flag: str, name: str):
     :class:`~jaxspec.formats.tokenizer.ByteTokenizer`. The one rule of every command that turns
     text into token ids (``generate``, ``verify``); errors are :class:`CLIError` naming
     ``flag`` and ``name``. :func:`check_tokenizer_fits` then checks it against the model."""
-    from jaxspec.formats.checkpoint import resolve_model_path
+    from jaxspec.formats.checkpoint import load_tokenizer, resolve_model_path
     from jaxspec.formats.gguf import is_gguf_source
-    from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE, HFTokenizer, load_tokenizer
+    from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
     from jaxspec.formats.tokenizer import ByteTokenizer
 
     if is_gguf_source(name):  # the tokenizer and chat template the file carries

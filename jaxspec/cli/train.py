@@ -318,7 +318,7 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
 
 def _recipe(args) -> int:
     """``train-head --recipe``: :func:`jaxspec.training.recipe.run_recipe` in ``--out``."""
-    from jaxspec.formats.hf_tokenizer import load_tokenizer
+    from jaxspec.formats.checkpoint import load_tokenizer
     from jaxspec.training.recipe import model_digest, run_recipe
 
     target = load_flag_model("--target", args.target)

@@ -65,14 +65,17 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from jaxspec.nn.config import ModelConfig
 from jaxspec.formats.families import ARCHITECTURES, FUSED_TENSORS
-from jaxspec.formats.gguf import is_gguf_file, load_gguf
+from jaxspec.formats.gguf import is_gguf_file, is_gguf_source, load_gguf
+from jaxspec.formats.gguf_tokenizer import GGUFTokenizer, load_gguf_tokenizer  # imports no GGUF package itself
+from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+from jaxspec.formats.packaged import is_packaged_name, packaged_file, packaged_models
+from jaxspec.formats.tokenizer import ByteTokenizer
+from jaxspec.formats.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
+from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
-from jaxspec.formats.packaged import is_packaged_name, packaged_file, packaged_models
 from jaxspec.nn.quant import apply_quantize, check_quantize, is_quantized
-from jaxspec.formats.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
 
 __all__ = [
     "ARCHITECTURES",
@@ -86,6 +89,7 @@ __all__ = [
     "hf_state_dict",
     "save_model",
     "load_model",
+    "load_tokenizer",
 ]
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -478,3 +482,32 @@ def load_draft(name_or_path: str | os.PathLike, *, dtype: str | None = None,
     if is_head_folder(folder):
         return load_head(folder)
     return load_model(name_or_path, dtype=dtype, max_context=max_context, quantize=quantize)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> ByteTokenizer | HFTokenizer | GGUFTokenizer:
+    """The tokenizer of the model :func:`load_model` loads from the same name or path:
+    :class:`~jaxspec.formats.hf_tokenizer.HFTokenizer` when its folder has ``tokenizer.json``;
+    the :class:`~jaxspec.formats.tokenizer.ByteTokenizer` for the embedded models and folders whose
+    ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes); the
+    :class:`~jaxspec.formats.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
+    packaged name such as ``"smollm2-135m"``). ``FileNotFoundError`` otherwise::
+
+        load_tokenizer("/models/SmolLM2-360M")     # HFTokenizer (folder with tokenizer.json)
+        load_tokenizer("default-target")           # ByteTokenizer (embedded models)
+        load_tokenizer("smollm2-135m")             # GGUFTokenizer (a packaged model, or any .gguf file)
+    """
+    if is_gguf_source(name_or_path):
+        return load_gguf_tokenizer(packaged_file(name_or_path) if is_packaged_name(name_or_path) else name_or_path)
+    folder = resolve_model_path(name_or_path)
+    if (folder / TOKENIZER_FILE).is_file():
+        return HFTokenizer.from_file(folder)
+    try:
+        byte = read_config(folder).get("jaxspec_tokenizer") == "byte"
+    except (FileNotFoundError, ValueError):  # no config.json, or not a JSON object
+        byte = False
+    if byte or os.fspath(name_or_path) in ("default-target", "default-draft"):
+        return ByteTokenizer()
+    raise FileNotFoundError(
+        f"load_tokenizer: {folder} has no {TOKENIZER_FILE} (and its config.json does not name the "
+        "jaxspec byte tokenizer); copy the model's tokenizer.json into the folder"
+    )

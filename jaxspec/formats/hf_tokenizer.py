@@ -1,15 +1,13 @@
-"""Tokenizers of real models: a Hugging Face ``tokenizer.json`` read with the ``tokenizers``
-package (installed by the ``hf`` extra), or the byte tokenizer of the embedded models.
+"""A Hugging Face ``tokenizer.json``, read with the ``tokenizers`` package (installed by the
+``hf`` extra)::
 
-::
-
-    tok = load_tokenizer("/models/SmolLM2-360M")     # folder with tokenizer.json
+    tok = HFTokenizer.from_file("/models/SmolLM2-360M")  # folder with tokenizer.json
     ids = tok.encode("def fibonacci(n):")            # list[int], no specials added
     tok.decode(ids)                                  # the text back (specials skipped)
     tok.vocab_size, tok.eos_id                       # eos_id from config.json / tokenizer_config.json
 
-    load_tokenizer("default-target")                 # ByteTokenizer (embedded models)
-    load_tokenizer("smollm2-135m")                   # GGUFTokenizer (a packaged model, or any .gguf file)
+A model's tokenizer by its name or path, whichever kind it is (this one, the byte tokenizer
+of the embedded models, a GGUF file's): :func:`jaxspec.formats.checkpoint.load_tokenizer`.
 
 Nothing here touches the network: the file is read from local disk. ``tokenizers`` is
 imported lazily, only when a ``tokenizer.json`` is loaded (GGUF files: :mod:`jaxspec.formats.gguf_tokenizer`).
@@ -25,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.formats.tokenizer import BaseTokenizer, ByteTokenizer
+from jaxspec.formats.tokenizer import BaseTokenizer
 
-__all__ = ["HFTokenizer", "load_tokenizer", "TOKENIZER_FILE"]
+__all__ = ["HFTokenizer", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.json"
 _INSTALL_HINT = "install the 'tokenizers' extra: pip install 'jaxspec[tokenizers]' (or: pip install tokenizers)"
@@ -131,29 +129,3 @@ class HFTokenizer(BaseTokenizer):
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.source!r}, vocab_size={self.vocab_size})"
-
-
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """The tokenizer of a model: :class:`HFTokenizer` when its folder has ``tokenizer.json``;
-    the :class:`~jaxspec.formats.tokenizer.ByteTokenizer` for the embedded models and folders whose
-    ``config.json`` says ``"jaxspec_tokenizer": "byte"`` (what jaxspec's training writes); the
-    :class:`~jaxspec.formats.gguf_tokenizer.GGUFTokenizer` of a GGUF file (a ``.gguf`` path, or a
-    packaged name such as ``"smollm2-135m"``). ``FileNotFoundError`` otherwise."""
-    from jaxspec.formats.gguf import is_gguf_source
-    from jaxspec.formats.gguf_tokenizer import load_gguf_tokenizer  # imports no GGUF package itself
-    from jaxspec.formats.packaged import is_packaged_name, packaged_file
-
-    if is_gguf_source(name_or_path):
-        return load_gguf_tokenizer(packaged_file(name_or_path) if is_packaged_name(name_or_path) else name_or_path)
-    from jaxspec.formats.checkpoint import resolve_model_path
-
-    folder = resolve_model_path(name_or_path)
-    if (folder / TOKENIZER_FILE).is_file():
-        return HFTokenizer.from_file(folder)
-    cfg = _read_json(folder / "config.json")
-    if cfg.get("jaxspec_tokenizer") == "byte" or os.fspath(name_or_path) in ("default-target", "default-draft"):
-        return ByteTokenizer()
-    raise FileNotFoundError(
-        f"load_tokenizer: {folder} has no {TOKENIZER_FILE} (and its config.json does not name the "
-        "jaxspec byte tokenizer); copy the model's tokenizer.json into the folder"
-    )

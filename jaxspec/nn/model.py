@@ -25,7 +25,7 @@ tells model work from the work around it.
 Numerics: parameters and the KV cache in ``config.dtype`` (float32 or bfloat16); the
 residual stream, RMSNorm, rotary embedding, attention scores/softmax and logits in
 float32. A quantized model (:func:`jaxspec.nn.quant.quantize_model`) has int8
-:class:`~jaxspec.nn.quant.QuantLinear` layers in place of every ``nnx.Linear`` and as its LM
+:class:`~jaxspec.nn.int8.QuantLinear` layers in place of every ``nnx.Linear`` and as its LM
 head (tied or not); the code below is the same. Masked scores use the most negative
 float32, so a fully masked row yields a uniform average over the cache instead of NaN.
 
@@ -72,7 +72,7 @@ from jaxspec.checks import is_concrete
 from jaxspec.nn.cache import KVCache, advance, init_cache
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.masks import cache_key_positions, causal_cache_mask, window_mask
-from jaxspec.nn.quant import QuantLinear
+from jaxspec.nn.int8 import QuantLinear
 from jaxspec.nn.rope import RopeScaling
 from jaxspec.nn.rope import inv_freq as rope_inv_freq
 
@@ -288,7 +288,7 @@ class Transformer(nnx.Module):
         logits ``[B, T, V]`` through the LM head (the embedding when tied). A feature-level
         draft head (:class:`jaxspec.nn.head.FeatureHead`) reads its logits here too."""
         with jax.named_scope(FORWARD_SCOPE):
-            if isinstance(self.lm_head, QuantLinear):  # W8A8 (jaxspec.nn.quant), tied or not
+            if isinstance(self.lm_head, QuantLinear):  # W8A8 (jaxspec.nn.int8), tied or not
                 logits = self.lm_head(h)
             else:
                 w = self.embed_tokens.embedding[...].T if self.lm_head is None else self.lm_head.kernel[...]  # [D, V]

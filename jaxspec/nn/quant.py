@@ -1,23 +1,13 @@
-"""Integer execution (W8A8): int8 weights, int8 activations, int32 accumulation.
-
-Every linear layer and the LM head becomes a :class:`QuantLinear`: an int8 kernel ``[in, out]``
-with one float32 scale per output channel (symmetric, ``scale[j] = max_i |W[i, j]| / 127``).
-At run time, inside the jitted forward, each activation row is quantized with its own scale
-(``max_k |x[r, k]| / 127``), the product is an int8 × int8 -> int32 ``dot_general``, and the
-int32 sums are scaled back to float32::
-
-    W  [D, O] float  ->  Wq int8[D, O], sw f32[O]          (once, quantize_weights)
-    x  [R, D] float  ->  xq int8[R, D], sx f32[R, 1]       (every call, quantize_rows)
-    y  [R, O]        =   (xq @ Wq : int32) * sx * sw       (int8_matmul)
+"""Integer execution (W8A8) of a model: :func:`quantize_model` makes a copy of a
+:class:`~jaxspec.nn.model.Transformer` whose every linear layer and LM head is a
+:class:`~jaxspec.nn.int8.QuantLinear` (int8 weights, int8 activations, int32 accumulation:
+:mod:`jaxspec.nn.int8` has the arithmetic), with SmoothQuant's per-channel migration set
+from the activation maxima of a calibration forward (:func:`activation_maxima`).
 
 The embedding table, norms, rotary embedding and attention stay in float; a tied model gets
-its own int8 LM head beside the float embedding. Because the sums are exact integers and each
-row has its own scale, a row's output does not depend on which other rows share the product:
-tree verification and one-token decoding compute the same numbers in every linear layer
-(attention and norms aside; tests/test_quant.py measures the rest).
-
-XLA:CPU takes a slow path for a single-row int8 product (33 ms against 1.4 ms for two rows on
-SmolLM2's LM head, issue 48): a single row is padded to two (:data:`MIN_ROWS`).
+its own int8 LM head beside the float embedding. Tree verification and one-token decoding
+compute the same numbers in every linear layer (attention and norms aside;
+tests/test_quant.py measures the rest).
 
 Whether int8 is fast depends on the CPU (VNNI / AMX): :func:`int8_is_fast` times one small
 product in each dtype on first use and remembers the answer for the process;
@@ -36,14 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspec.nn.head import target_digest
+from jaxspec.nn.int8 import QuantLinear, int8_matmul, quantize_weights
+from jaxspec.nn.model import forward_features
+
 __all__ = [
     "QUANTIZE_MODES",
-    "MIN_ROWS",
-    "QuantLinear",
-    "quantize_weights",
-    "dequantize_weights",
-    "quantize_rows",
-    "int8_matmul",
     "quantize_model",
     "is_quantized",
     "check_quantize",
@@ -53,94 +41,7 @@ __all__ = [
 
 #: what ``load_model(..., quantize=)`` accepts (None: float, as stored)
 QUANTIZE_MODES = ("int8",)
-#: products of fewer rows are padded to this many (XLA:CPU's single-row int8 slow path)
-MIN_ROWS = 2
-_QMAX = 127.0
 _F32 = jnp.float32
-
-
-def quantize_weights(w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``w [D, O]`` (float) -> ``(int8[D, O], float32 scale[O])``, symmetric per output
-    column: ``|w - q * scale| <= scale / 2`` elementwise; an all-zero column has scale 1."""
-    w = jnp.asarray(w, _F32)
-    amax = jnp.max(jnp.abs(w), axis=0)  # [O]
-    scale = jnp.where(amax > 0, amax / _QMAX, 1.0)
-    q = jnp.clip(jnp.round(w / scale), -_QMAX, _QMAX).astype(jnp.int8)
-    return q, scale
-
-
-def dequantize_weights(q: jax.Array, scale: jax.Array) -> jax.Array:
-    """The float32 weights ``q * scale`` (``[D, O]``) that :func:`quantize_weights` stands for."""
-    return q.astype(_F32) * scale
-
-
-def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``x [..., D]`` -> ``(int8[..., D], float32 scale[..., 1])``, one symmetric scale per
-    row (``max |x| / 127``; an all-zero row has scale 1): ``|x - q * scale| <= scale / 2``."""
-    x = x.astype(_F32)
-    amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)  # [..., 1]
-    scale = jnp.where(amax > 0, amax / _QMAX, 1.0)
-    q = jnp.clip(jnp.round(x / scale), -_QMAX, _QMAX).astype(jnp.int8)
-    return q, scale
-
-
-def int8_matmul(x: jax.Array, wq: jax.Array, w_scale: jax.Array) -> jax.Array:
-    """``x [..., D]`` (float) times the int8 weights ``wq [D, O]`` with scales ``w_scale [O]``
-    -> float32 ``[..., O]``: rows quantized per row, int8 × int8 -> int32 ``dot_general``,
-    rescaled. Fewer than :data:`MIN_ROWS` rows are padded with zero rows (shapes are static, so
-    the choice is made at trace time)."""
-    lead, d = x.shape[:-1], x.shape[-1]
-    rows = int(np.prod(lead, dtype=np.int64))
-    x2 = x.reshape(rows, d)  # [R, D]
-    if rows < MIN_ROWS:
-        x2 = jnp.pad(x2, ((0, MIN_ROWS - rows), (0, 0)))
-    xq, x_scale = quantize_rows(x2)  # int8[R', D], f32[R', 1]
-    acc = jax.lax.dot_general(xq, wq, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)  # [R', O]
-    y = acc.astype(_F32) * x_scale * w_scale  # [R', O]
-    return y[:rows].reshape(*lead, wq.shape[-1])
-
-
-class QuantLinear(nnx.Module):
-    """A linear layer in W8A8: ``kernel int8[in, out]``, ``scale float32[out]``, an optional
-    float ``bias [out]`` and an optional smoothing ``smooth float32[in]`` (SmoothQuant: the
-    input is multiplied by it before quantization, the kernel was quantized from
-    ``w / smooth[:, None]``, so the product is unchanged while activation outlier channels
-    shrink). ``__call__(x [..., in]) -> float32 [..., out]``; ``columns`` (int32[K]) restricts
-    the output to those output channels (a reduced-vocabulary LM head)."""
-
-    def __init__(self, kernel: jax.Array, scale: jax.Array, bias: jax.Array | None = None,
-                 smooth: jax.Array | None = None):
-        self.kernel = nnx.Param(kernel)  # int8[in, out]
-        self.scale = nnx.Param(scale)  # f32[out]
-        self.bias = None if bias is None else nnx.Param(bias)  # [out]
-        self.smooth = None if smooth is None else nnx.Param(smooth)  # f32[in]
-
-    @classmethod
-    def from_float(cls, w: jax.Array, bias: jax.Array | None = None, act_max: jax.Array | None = None,
-                   alpha: float = 0.5) -> QuantLinear:
-        """Quantize float weights ``w [in, out]`` (:func:`quantize_weights`); the bias stays float.
-        ``act_max float[in]`` (the largest ``|x|`` seen per input channel on calibration text)
-        turns on SmoothQuant's migration: ``s = act_max**alpha / max_j |w[:, j]|**(1 - alpha)``,
-        ``smooth = 1 / s``, kernel quantized from ``w * s[:, None]``."""
-        if act_max is None:
-            return cls(*quantize_weights(w), bias)
-        w = jnp.asarray(w, _F32)
-        w_max = jnp.max(jnp.abs(w), axis=1)  # [in]
-        s = jnp.maximum(act_max, 1e-5) ** alpha / jnp.maximum(w_max, 1e-5) ** (1 - alpha)
-        s = jnp.where((act_max > 0) & (w_max > 0), s, 1.0)
-        return cls(*quantize_weights(w * s[:, None]), bias, (1.0 / s).astype(_F32))
-
-    def __call__(self, x: jax.Array, columns: jax.Array | None = None) -> jax.Array:
-        wq, ws = self.kernel[...], self.scale[...]
-        if columns is not None:
-            wq, ws = jnp.take(wq, columns, axis=1), jnp.take(ws, columns)
-        if self.smooth is not None:
-            x = x.astype(_F32) * self.smooth[...]
-        y = int8_matmul(x, wq, ws)
-        if self.bias is not None:
-            b = self.bias[...].astype(_F32)
-            y = y + (b if columns is None else jnp.take(b, columns))
-        return y
 
 
 def _linears(module: nnx.Module, prefix: tuple = ()):
@@ -177,8 +78,6 @@ def calibration_tokens(vocab_size: int, *, rows: int = 2, length: int = 128, see
 def activation_maxima(model, tokens: jax.Array) -> dict[tuple, np.ndarray]:
     """``{path of each nnx.Linear (and ("lm_head",)): max |input| per channel}`` over a causal
     forward of ``tokens int32[B, T]`` through the float ``model`` (eager, once)."""
-    from jaxspec.nn.model import forward_features  # noqa: PLC0415 (model imports this module)
-
     graphdef, state = nnx.split(model)
     probe = nnx.merge(graphdef, state)
     stats: dict[tuple, np.ndarray] = {}
@@ -221,8 +120,6 @@ def quantize_model(model, *, calibration: jax.Array | None | str = "default", al
         out.lm_head = nnx.data(head)  # None was a static attribute
     # a head trained on the float model drafts for its int8 copy: both answer to the float
     # weights' digest (jaxspec.nn.head.target_digest), so no "another target" warning
-    from jaxspec.nn.head import target_digest  # noqa: PLC0415 (head imports the model; quant is imported by it)
-
     out.float_digest = target_digest(model)
     return out
 

@@ -53,7 +53,7 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
     import torch  # noqa: PLC0415 (the hf extra)
     import transformers  # noqa: PLC0415
 
-    from jaxspec.formats.hf_tokenizer import load_tokenizer  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_tokenizer  # noqa: PLC0415
     from jaxspec.formats.packaged import packaged_file  # noqa: PLC0415
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
