@@ -96,3 +96,27 @@ def test_the_cache_keeps_taps_and_a_multi_layer_head_trains_on_them(target, tmp_
     plain = build_feature_cache(target, seqs, tmp_path / "plain", progress=False)
     with pytest.raises(ValueError, match=r"feature_layers = \(1,\); expected layers the feature cache holds"):
         train_head_cached(target, plain, cfg, tmp_path / "run2", feature_layers=(1,), progress=False)
+
+
+def test_a_selection_of_sequences_is_their_own_cache(target, tmp_path):
+    from jaxspec.training.feature_cache import select_sequences
+
+    seqs = _sequences(12)
+    cache = build_feature_cache(target, seqs, tmp_path / "c", feature_layers=(1,), progress=False)
+    part = select_sequences(cache, [7, 2])
+    assert part.num_sequences == 2 and part.digest != cache.digest
+    np.testing.assert_array_equal(part.tokens, np.r_[seqs[7], seqs[2]])
+    np.testing.assert_array_equal(part.seq, np.r_[np.zeros(len(seqs[7])), np.ones(len(seqs[2]))])
+    at = np.flatnonzero(cache.seq == 2)
+    np.testing.assert_array_equal(part.taps[len(seqs[7]):], cache.taps[at])
+    np.testing.assert_array_equal(part.lse[len(seqs[7]):], cache.lse[at])
+    with pytest.raises(ValueError, match=r"select_sequences: ids = 2 indices; expected distinct sequence indices in 0..11"):
+        select_sequences(cache, [3, 3])
+
+
+def test_the_decoder_refuses_a_multi_layer_head_by_name(target):
+    import jaxspec
+
+    head = init_head(head_config(target.config), jax.random.key(0), feature_layers=(1,))
+    with pytest.raises(ValueError, match=r"draft: a multi-layer head \(feature_layers = \(1,\)\)"):
+        jaxspec.generate(jax.random.key(0), target, head, [[1, 2, 3]], max_new_tokens=4, tree="chain:2")

@@ -150,8 +150,19 @@ class HeadDraft(ModuleDraft):
     head's ``nnx.state`` is the params and :class:`HeadState` its state (module
     docstring). :func:`jaxspec.generate` builds it from a head (:meth:`of`)."""
 
+    feature_layers: tuple[int, ...] | None = None  # a multi-layer head's (FeatureHead.feature_layers)
+
+    @classmethod
+    def of(cls, module, definition=None):
+        drafter, params = super().of(module, definition)
+        return dataclasses.replace(drafter, feature_layers=getattr(module, "feature_layers", None)), params
+
     def check(self, target, request: DraftRequest) -> str:
-        check_head_config_for("draft", self.config, target)
+        check_head_config_for("draft", self.config, target, self.feature_layers)
+        if self.feature_layers is not None:
+            raise ValueError(f"draft: a multi-layer head (feature_layers = {self.feature_layers}) drafts from taps of "
+                             "the target's layers that the decoder does not pass yet; expected a last-layer head "
+                             "(evaluate a multi-layer head with jaxspec.training.head_eval)")
         if isinstance(request.tree, DynamicTree):
             raise SettingError({"tree": request.tree}, "a feature head drafts static trees (a chain such as 'chain:4', "
                                "or 'branch:3,1,1'); a DynamicTree takes a draft model")

@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from jaxspec.nn.head import target_digest
 from jaxspec.nn.model import Transformer, check_tap_layers, forward_features, forward_taps
 
-__all__ = ["SHARD", "FeatureCache", "build_feature_cache", "load_feature_cache", "sequences_digest"]
+__all__ = ["SHARD", "FeatureCache", "build_feature_cache", "load_feature_cache", "select_sequences",
+           "sequences_digest"]
 
 SHARD = 32  # sequences per shard file
 META = "meta.json"
@@ -190,3 +191,20 @@ def load_feature_cache(folder: str | os.PathLike) -> FeatureCache:
                         target_digest=meta["target_digest"], digest=meta["digest"],
                         taps=np.concatenate(parts["taps"]) if layers else None,
                         feature_layers=tuple(layers) if layers else None)
+
+
+def select_sequences(cache: FeatureCache, ids) -> FeatureCache:
+    """The cache of sequences ``ids`` (distinct indices, in the order given), renumbered
+    ``0 ..``; its digest names the selection, so a training run on it resumes only on it."""
+    ids = np.asarray(ids, np.int64)
+    n = cache.num_sequences
+    if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= n or np.unique(ids).size != ids.size:
+        raise ValueError(f"select_sequences: ids = {ids.size} indices; expected distinct sequence indices in "
+                         f"0..{n - 1}")
+    starts = np.r_[0, np.flatnonzero(np.diff(cache.seq)) + 1]
+    ends = np.r_[starts[1:], cache.seq.size]
+    pos = np.concatenate([np.arange(starts[i], ends[i]) for i in ids])
+    seq = np.repeat(np.arange(ids.size, dtype=np.int32), ends[ids] - starts[ids])
+    digest = hashlib.sha256(cache.digest.encode() + ids.astype(np.int64).tobytes()).hexdigest()[:16]
+    return dataclasses.replace(cache, tokens=cache.tokens[pos], feats=cache.feats[pos], lse=cache.lse[pos], seq=seq,
+                               taps=None if cache.taps is None else cache.taps[pos], digest=digest)
