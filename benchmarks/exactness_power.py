@@ -200,14 +200,16 @@ class Sampler:
         sampling = jaxspec.Sampling(cfg["temperature"])
         draft_sampling = None if cfg["draft_temperature"] is None else jaxspec.Sampling(cfg["draft_temperature"])
         if name != CORRECT and name not in self.parts:
-            self.parts[name] = mutants.round_parts(name)
+            self.parts[name] = mutants.decoder(name)  # its rule (its own acceptance step, or cfg's) and parts
         t0 = time.perf_counter()
         ref = self.target_only(cfg["temperature"], seed)
         t1 = time.perf_counter()
         spec = np.asarray(jaxspec.generate(
             jax.random.key(KEY_DECODER + KEY_STRIDE * seed), target, draft, np.tile(PROMPT, (self.n_max, 1)),
-            max_new_tokens=L, tree=cfg["tree"], scheme=cfg["scheme"], rule=cfg["rule"], sampling=sampling,
-            draft_sampling=draft_sampling, stop_tokens=(), parts=self.parts.get(name), prompt_bucket=None).tokens)
+            max_new_tokens=L, tree=cfg["tree"], scheme=cfg["scheme"], sampling=sampling,
+            draft_sampling=draft_sampling, stop_tokens=(), prompt_bucket=None,
+            rule=mutants.mutant_rule(name) or cfg["rule"] if name != CORRECT else cfg["rule"],
+            parts=self.parts[name]["parts"] if name != CORRECT else None).tokens)
         assert spec.shape == (self.n_max, L) and spec.min() >= 0, spec.shape
         t2 = time.perf_counter()
         pits = pit_values(jax.random.key(KEY_W + KEY_STRIDE * seed), target, PROMPT, spec, sampling, order=ORDERS)

@@ -15,6 +15,7 @@ from flax import nnx
 
 import jaxspec
 from jaxspec.decode import generate as gen
+from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.nn import sharding
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -145,7 +146,8 @@ def placements() -> dict:
             "specs": {k: [a for a in v[...].sharding.spec] for k, v in specs.items()},
             "q_proj_shard_shape": list(specs["q_proj"][...].addressable_shards[0].data.shape),
         }
-        cfg, _, _ = gen.build_config(TARGET, DRAFT, prompt_length=4, max_new_tokens=10, tree="branch:2,2",
+        cfg, _, _ = gen.build_config(TARGET, as_drafter(DRAFT)[0], prompt_length=4, max_new_tokens=10,
+                                     tree="branch:2,2",
                                      mesh=mesh)
         ds = sharding.shard_state(nnx.state(DRAFT), DRAFT.config, mesh)
         toks = sharding.put(np.ones((8, 4), np.int32), sharding.row_sharding(mesh, 2))

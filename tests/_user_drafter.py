@@ -1,14 +1,15 @@
 """A drafter written the way a user writes one: against the protocol of
 :mod:`jaxspec.decode.drafter` alone, in one file, with no change to the library.
 
-``BigramDraft`` holds a table of next-token logits, ``float32[V, V]`` (its params): the
-children of a node with token t are drawn from ``warp(table[t])`` under the round's sibling
-scheme. It keeps no state between rounds (its proposal reads only the root and its own
-nodes), has no model to forward, and serves static trees on one device or on a mesh.
+``Bigram`` drafts from a table of next-token logits, ``float32[V, V]`` (its params, passed
+beside it as the pair ``(Bigram(V), table)``: :func:`bigram_from`): the children of a node
+with token t are drawn from ``warp(table[t])`` under the round's sibling scheme. It keeps
+no state between rounds (its proposal reads only the root and its own nodes), has no model
+to forward, and serves static trees on one device or on a mesh.
 
-``LyingBigramDraft`` is the same drafter broken on purpose: it draws from one law and
-reports another (the table at a higher temperature), which breaks the acceptance rule's
-division by ``q``. The χ² law test must reject it.
+``lying(pair)`` is the same drafter broken on purpose: it draws from one law and reports
+another (the table at a higher temperature), which breaks the acceptance rule's division
+by ``q``. The χ² law test must reject it.
 """
 
 from __future__ import annotations
@@ -65,32 +66,22 @@ class Bigram:
         return state
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class BigramDraft:
-    """What a user passes as ``draft=``: the table, and ``to_drafter()``: the static drafter
-    and its params."""
-
-    table: np.ndarray  # float32[V, V] next-token logits
-    lie: bool = False
-
-    def to_drafter(self):
-        return Bigram(int(self.table.shape[0]), self.lie), jnp.asarray(self.table, jnp.float32)
-
-
-def bigram_from(target, seed: int = 0, noise: float = 1.0) -> BigramDraft:
-    """A table near the target's own bigram law (its logits after each single token),
-    blurred by Gaussian noise: a drafter that agrees with the target often but not always."""
+def bigram_from(target, seed: int = 0, noise: float = 1.0) -> tuple[Bigram, jnp.ndarray]:
+    """``(drafter, params)``: a table near the target's own bigram law (its logits after
+    each single token), blurred by Gaussian noise: a drafter that agrees with the target
+    often but not always."""
     v = target.config.vocab_size
     tokens = jnp.arange(v, dtype=jnp.int32)[:, None]  # [V, 1]: every token as a one-token prompt
     cache = init_cache(target.config, v, 1)
     logits, _ = target(tokens, jnp.zeros((v, 1), jnp.int32), cache, causal_cache_mask(cache.lengths, 1, 1))
     table = np.asarray(logits[:, 0], np.float32)
     table = table + noise * np.random.default_rng(seed).standard_normal(table.shape).astype(np.float32)
-    return BigramDraft(table)
+    return Bigram(v), jnp.asarray(table)
 
 
-def lying(draft: BigramDraft) -> BigramDraft:
-    return dataclasses.replace(draft, lie=True)
+def lying(pair: tuple[Bigram, jnp.ndarray]) -> tuple[Bigram, jnp.ndarray]:
+    drafter, table = pair
+    return dataclasses.replace(drafter, lie=True), table
 
 
-__all__ = ["Bigram", "BigramDraft", "bigram_from", "lying"]
+__all__ = ["Bigram", "bigram_from", "lying"]

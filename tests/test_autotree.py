@@ -288,22 +288,23 @@ def test_auto_tree_model_validation(pair, tmp_path):
 
 def test_timed_round_uses_the_rule_generate_uses(pair, monkeypatch):
     """The round measure_round_cost times runs the acceptance step generate compiles for
-    the same tree, scheme and rule (build_config's RoundParts): with rule="auto", block
+    the same tree, scheme and rule (build_config's acceptance step): with rule="auto", block
     verification on a chain and the token rule on a branching tree, not the token rule's
     parts everywhere (the defect: a chain was timed with the token rule, then generated with
     block verification)."""
     from jaxspec.core.token_rule import accept_core
     from jaxspec.core.block import block_accept
     from jaxspec.core.traversal import traversal_accept
+    from jaxspec.decode.as_drafter import as_drafter
     from jaxspec.decode.generate import build_config
 
     target, draft = pair
     seen = []
     real = round_timing.speculative_round
 
-    def spy(cfg, *args):
-        seen.append(cfg.parts.accept)
-        return real(cfg, *args)
+    def spy(cfg, inputs):
+        seen.append(cfg.accept)
+        return real(cfg, inputs)
 
     monkeypatch.setattr(round_timing, "speculative_round", spy)
     cases = [([-1, 0, 1], "auto", block_accept), ([-1, -1, 0], "auto", accept_core),
@@ -312,8 +313,9 @@ def test_timed_round_uses_the_rule_generate_uses(pair, monkeypatch):
         seen.clear()
         measure_round_cost(target, draft, tree, scheme="deterministic", rule=rule, context_len=16,
                            loops=1, repeats=1)
-        lib = build_config(target, draft, prompt_length=2, max_new_tokens=4, tree=tree, scheme="deterministic",
-                           rule=rule)[0].parts.accept
+        lib = build_config(target, as_drafter(draft)[0], prompt_length=2, max_new_tokens=4, tree=tree,
+                           scheme="deterministic",
+                           rule=rule)[0].accept
         assert seen and set(seen) == {want} and lib is want, (tree, rule, seen, lib)
     with pytest.raises(ValueError, match=r"rule = 'block': not supported on a branching static tree"):
         measure_round_cost(target, draft, [-1, -1], scheme="deterministic", rule="block", context_len=16)

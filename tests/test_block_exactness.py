@@ -154,7 +154,7 @@ def test_broken_block_rules_are_rejected(mutant):
     law = exact.round_law("block", exact.chain(g), MUTANT_T, MUTANT_D, C0, "iid")
     broken = exact.round_law(BLOCK_MUTANTS[mutant], exact.chain(g), MUTANT_T, MUTANT_D, C0, "iid")
     assert exact.tv(law, broken) > 0.03  # the witness the setup promised
-    accept_fn = mutants.round_parts(mutant).accept
+    accept_fn = mutants.mutant_rule(mutant)
 
     def accept(key, parents, tokens, tp, dp, scheme):
         return accept_fn(key, parents, tokens, tp, dp, scheme)

@@ -177,9 +177,12 @@ def test_optimize_measure_acceptance(pair):
 
 def test_generate_build_config(pair):
     target, draft = pair
-    cfg, t, dt = gen.build_config(target, draft, prompt_length=3, max_new_tokens=8, tree=3)
+    from jaxspec.decode.as_drafter import as_drafter
+
+    drafter = as_drafter(draft)[0]
+    cfg, t, dt = gen.build_config(target, drafter, prompt_length=3, max_new_tokens=8, tree=3)
     assert cfg.capacity == 15  # 3 prompt + 8 new + 3 tree nodes + 1
-    assert cfg == gen.build_config(target, draft, prompt_length=3, max_new_tokens=8,
+    assert cfg == gen.build_config(target, drafter, prompt_length=3, max_new_tokens=8,
                                    tree="chain:3")[0]
     hash(cfg)
 

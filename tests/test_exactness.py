@@ -38,6 +38,7 @@ from jaxspec.nn.model import forward_logits
 from jaxspec.core.treespec import resolve_tree
 
 from jaxspec.decode import generate as gen
+from jaxspec.decode.as_drafter import as_drafter
 
 SMALL = 1 << 14
 MUTANT_SAMPLES = 1 << 15
@@ -385,10 +386,9 @@ def test_bare_verify_tests_what_bare_generate_runs(monkeypatch):
                                          gen.PROMPT_BUCKET)  # generate's default
     seen = _verify_streams(monkeypatch)  # no arguments but the sample count (nothing is sampled)
     assert seen["spec"][0] == spec and seen["first"][0] == first and seen["ar"][0] == ar
-    assert str(spec.tree) == str(gen.build_config(target, draft, prompt_length=3, max_new_tokens=3,
+    assert str(spec.tree) == str(gen.build_config(target, as_drafter(draft)[0], prompt_length=3, max_new_tokens=3,
                                                   tree=gen.DEFAULT_TREE)[0].tree)
-    assert spec.scheme == "without_replacement" and spec.parts.accept is rules.check_rule("block", spec.scheme,
-                                                                                          spec.tree)
+    assert spec.scheme == "without_replacement" and spec.accept is rules.check_rule("block", spec.scheme, spec.tree)
     assert spec.capacity >= gen.PROMPT_BUCKET  # the prompt padded to generate's bucket
 
 
@@ -421,20 +421,20 @@ def test_verify_streams_what_generate_compiles(kw, bucket, monkeypatch):
 @pytest.mark.parametrize("kw", _CONFIG_CASES, ids=str)
 def test_build_config_is_what_generate_compiles(kw, monkeypatch):
     """generate's configuration is build_config's (and generate_autoregressive's is
-    build_ar_config's) padded to the default prompt bucket by bucket_config, with the
-    temperatures build_config resolves."""
+    build_ar_config's), the default prompt bucket included, with the temperatures
+    build_config resolves."""
     target, draft = default_pair(0)
     prompt, horizon = (1, 2, 3), 3
     spec, _, ar = _generate_compiles(monkeypatch, target, draft, prompt, horizon, kw, prompt_bucket=gen.PROMPT_BUCKET)
     api = _api(kw)
-    cfg, t, dt = gen.build_config(target, draft, prompt_length=len(prompt), max_new_tokens=horizon, **api)
-    ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon,
-                                       sampling=api.get("sampling"))
-    one = np.zeros((1, len(prompt)), np.int32)
+    drafter = as_drafter(draft)[0]
+    cfg, t, dt = gen.build_config(target, drafter, prompt_length=len(prompt), max_new_tokens=horizon, **api)
     assert cfg != spec  # generate pads the 3-token prompt to 32 columns
-    cfg, _ = gen.bucket_config(cfg, one, (target, draft), gen.PROMPT_BUCKET)
-    ar_cfg, _ = gen.bucket_config(ar_cfg, one, (target,), gen.PROMPT_BUCKET)
-    assert cfg == spec and ar_cfg == ar
+    cfg, t, dt = gen.build_config(target, drafter, prompt_length=len(prompt), max_new_tokens=horizon,
+                                  prompt_bucket=gen.PROMPT_BUCKET, **api)
+    ar_cfg, ar_t = gen.build_ar_config(target, prompt_length=len(prompt), max_new_tokens=horizon,
+                                       sampling=api.get("sampling"), prompt_bucket=gen.PROMPT_BUCKET)
+    assert cfg == spec and ar_cfg == ar and cfg.prompt_width == ar_cfg.prompt_width == 32
     assert t == ar_t == kw.get("temperature", 1.0)
     # the draft's law: its own when given, else the target's (temperature 1 under deterministic)
     want = kw.get("draft_temperature", 1.0 if kw["scheme"] == "deterministic" else kw.get("temperature", 1.0))

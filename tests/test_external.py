@@ -44,8 +44,7 @@ def test_a_lossless_sampler_passes(pair):
 def test_a_lossy_sampler_is_rejected(pair, broken):
     """p < 1e-6 at 4096 samples of 4 tokens (set before looking)."""
     if broken == "depth-row":
-        sampler = _jaxspec_sampler(pair, tree="branch:2,2", scheme="iid", rule="token",
-                                   parts=mutants.round_parts("depth-row"))
+        sampler = _jaxspec_sampler(pair, tree="branch:2,2", scheme="iid", **mutants.decoder("depth-row"))
     else:
         sampler = _jaxspec_sampler(pair, sampling=jaxspec.Sampling(temperature=1.2))
     r = check_sampler(sampler, pair[0], PROMPT, num_samples=N, horizon=L, sampling=LAW, seed=0)

@@ -135,9 +135,9 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
     tdef, tstate = nnx.split(target)
     drafter, dstate = ModelDraft.of(draft)
     cfg = gen.SpecConfig(
-        tdef, drafter, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, 3 + 5 + 4 + 1,
+        tdef, drafter, resolve_tree((2, 1)), "without_replacement", Warp(), Warp(), 5, gen.PROMPT_BUCKET + 5 + 4 + 1,
         parts=RoundParts(verify_mask=counting_mask),
-    )
+    )  # the prompts padded to generate's bucket
     with _CountTraces() as counter:
         for i, (k, p) in enumerate(zip(keys, prompts)):
             jax.block_until_ready(gen.generate(k, target, draft, p, **kw))
@@ -145,8 +145,7 @@ def test_no_retrace_for_new_keys_and_prompts(pair):
             jax.block_until_ready(gen.generate(k, target, draft, p, **other_temperature))
             jax.block_until_ready(gen.generate_autoregressive(k, target, p, **ar_kw, stop_tokens=[i]))
             t, l = gen.prepare_prompts(p, V)
-            bucketed, t = gen.bucket_config(cfg, t, (target, draft), gen.PROMPT_BUCKET)  # as generate pads them
-            gen.run_compiled(bucketed, tstate, dstate, k, t, l, 1.0, 1.0)
+            gen.run_compiled(cfg, tstate, dstate, k, gen.pad_prompts(t, cfg.prompt_width), l, 1.0, 1.0)
     assert len(calls) == 1, f"the round body was traced {len(calls)} times"
     # public entry points: nothing traced after the warm-up (the hooked config: once)
     assert len(counter.events) == 1, counter.events
@@ -496,7 +495,9 @@ def test_boundary_validation(pair):
         with pytest.raises(SettingError, match=match):
             gen.generate(k, target, draft, [[1, 2]], **ok, sampling=Sampling(**bad))
     err(r"^sampling = 0.5: expected a jaxspec.Sampling, e.g. jaxspec.Sampling\(temperature=0.5\)$", sampling=0.5)
-    err(r"^draft_sampling = \{'top_p': 0.9\}: expected a jaxspec.Sampling", draft_sampling={"top_p": 0.9})
+    err(r"^draft_sampling = \{'top': 0.9\}: expected a jaxspec.Sampling, or a dict of some of its fields "
+        r"\(temperature, top_k, top_p, min_p\); 'top' is none of them", draft_sampling={"top": 0.9})
+    err(r"^top_p = 1.5: expected a number in \(0, 1\]", draft_sampling={"top_p": 1.5})  # a dict's value, checked
     err(r"stop_tokens\[0\] = 8", stop_tokens=[V])
     err(r"^scheme = 'iid' and tree = DynamicTree\(depth=2, topk=2, num_nodes=3\): a dynamic tree ranks fixed "
         r"candidates; expected scheme 'deterministic' \(its default\)$", tree=DynamicTree(2, 2, 3), scheme="iid")
@@ -539,7 +540,7 @@ def test_tree_defaults_to_the_cli_tree(pair):
     target, draft = pair
     from jaxspec.cli.generate import DEFAULT_TREE as CLI_TREE  # noqa: PLC0415
 
-    assert gen.DEFAULT_TREE == CLI_TREE == "chain:4"
+    assert gen.DEFAULT_TREE is CLI_TREE == "chain:4"  # declared once (jaxspec.decode.defaults)
     kw = dict(max_new_tokens=MAX_NEW, sampling=Sampling(temperature=1.0))
     a = gen.generate(jax.random.key(5), target, draft, PROMPTS, **kw)
     b = gen.generate(jax.random.key(5), target, draft, PROMPTS, tree="chain:4", **kw)
@@ -567,3 +568,15 @@ def test_cli_and_python_defaults_agree():
     gen_setup.default_draft_and_tree(args, CLI_TREE)
     assert args.tree == gen.DEFAULT_TREE == "chain:4"
     assert args.rule == params["rule"].default == "auto"
+
+
+def test_a_partial_draft_law_is_set_over_the_default():
+    """draft_sampling as a dict of some fields: those fields over draft_law's default (the
+    target's law under the sampling schemes, no warp under deterministic), the one rule
+    jaxspec verify's --draft-* flags go through."""
+    from jaxspec.core.settings import check_draft_sampling, draft_law
+
+    law = Sampling(temperature=0.7, top_k=3)
+    assert draft_law("iid", law, {"temperature": 0.5}) == Sampling(temperature=0.5, top_k=3)
+    assert draft_law("deterministic", law, {"top_p": 0.9}) == Sampling(top_p=0.9)
+    assert draft_law("without_replacement", law, None) == law and check_draft_sampling({}) is None

@@ -126,12 +126,14 @@ def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, rule=rule,
                                 **warp).tokens
 
-    else:  # a broken decoder: generate with one of the round's parts replaced by the mutant's
-        parts = mutants.round_parts(mutant)
+    else:  # a broken decoder: generate with the mutant's rule or one of the round's parts
+        broken = mutants.decoder(mutant)
+        if mutants.mutant_rule(mutant) is None:
+            broken["rule"] = "auto"  # the mutant replaces a part: generate's default rule
 
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme,
-                                parts=parts, **warp).tokens
+                                **broken, **warp).tokens
 
     return _count(run, seed, num_samples)
 
@@ -361,12 +363,13 @@ def test_harness_rejects_broken_ngram_decoders(tree, mutant):
     from jaxspec import NgramDraft
 
     target, _ = _pair()
-    parts = mutants.round_parts(MUTANTS.get(mutant, mutant))
+    broken = mutants.decoder(MUTANTS.get(mutant, mutant))
+    if mutants.mutant_rule(MUTANTS.get(mutant, mutant)) is None:
+        broken["rule"] = "auto"  # the mutant replaces a part: generate's default rule
     prompts = _prompts(NGRAM_PROMPT)
 
     def run(key):
-        return gen.generate(key, target, NgramDraft(), prompts, max_new_tokens=L, tree=TREES[tree],
-                            parts=parts).tokens
+        return gen.generate(key, target, NgramDraft(), prompts, max_new_tokens=L, tree=TREES[tree], **broken).tokens
 
     counts = _count(run, 9100, MUTANT_SAMPLES)
     joint = chisquare_gof(counts, _exact("none", NGRAM_PROMPT))

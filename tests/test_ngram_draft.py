@@ -138,7 +138,9 @@ def test_generate_refuses_what_an_ngram_draft_cannot_do():
                                                    r"has no proposal law; expected None$"):
         jaxspec.generate(key, target, NgramDraft(), [[1, 2]], max_new_tokens=4,
                          draft_sampling=jaxspec.Sampling(temperature=0.5))
-    with pytest.raises(ValueError, match="draft: expected a jaxspec.Transformer, a jaxspec.FeatureHead or a drafter .*got str"):
+    with pytest.raises(ValueError, match="draft: expected a jaxspec.Transformer, a jaxspec.FeatureHead, a drafter .* "
+                                         r"or a pair "
+                                         r"\(drafter, params\), got str"):
         jaxspec.generate(key, target, "ngram", [[1, 2]], max_new_tokens=4)
 
 

@@ -134,10 +134,10 @@ def test_small_vocabulary_pit_hashed_and_enumeration_agree(mutant):
     target, draft = default_pair(0)
     n, length, sampling = 1 << 14, 3, Sampling(1.0)
     prompts = np.tile(PROMPT, (n, 1))
-    parts = None if mutant is None else mutants.round_parts(mutant)
+    broken = {"rule": "token"} if mutant is None else mutants.decoder(mutant)
     spec = np.asarray(jaxspec.generate(jax.random.key(1), target, draft, prompts, max_new_tokens=length,
-                                       tree="branch:2,2", scheme="iid", rule="token", sampling=sampling,
-                                       stop_tokens=(), parts=parts, prompt_bucket=None).tokens)
+                                       tree="branch:2,2", scheme="iid", sampling=sampling,
+                                       stop_tokens=(), prompt_bucket=None, **broken).tokens)
     ref = np.asarray(jaxspec.generate_autoregressive(jax.random.key(99), target, prompts, max_new_tokens=length,
                                                      sampling=sampling, stop_tokens=()).tokens)
     pit = pit_tests(pit_values(jax.random.key(2), target, PROMPT, spec, sampling, max_rows=4096), alpha=ALPHA)
@@ -266,9 +266,8 @@ NOT_REJECTED = {
 def _mutant_kw(name):
     rule = mutants.MUTANT_RULE[name]
     tree, scheme = MUTANT_CONFIG[rule]
-    # the acceptance step is the mutant's: rule "token" keeps it, "auto" keeps a block/traversal one
-    kw = dict(tree=tree, scheme=scheme, rule="token" if rule == "token" else "auto", sampling=Sampling(1.0),
-              parts=mutants.round_parts(name))
+    # the mutant's acceptance step (rule=) or parts, on the configuration it breaks
+    kw = dict(tree=tree, scheme=scheme, sampling=Sampling(1.0), **mutants.decoder(name))
     return {**kw, **MUTANT_WARPS.get(name, {})}
 
 

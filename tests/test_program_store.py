@@ -19,6 +19,8 @@ from jaxspec import Sampling
 from jaxspec.decode import generate as gen
 from jaxspec.decode import program_store, programs
 from jaxspec.decode.program_store import SUFFIX, StoredFunction, static_text
+from jaxspec.core.token_rule import accept_core
+from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.round import RoundParts
 
 V = 8
@@ -44,6 +46,11 @@ def _files(folder):
 
 def module_level(x):
     return x
+
+
+def module_level_rule(key, parents, tokens, target_probs, draft_probs, scheme):
+    """A caller's acceptance step (the library's, under another name)."""
+    return accept_core(key, parents, tokens, target_probs, draft_probs, scheme)
 
 
 class Counted:
@@ -82,13 +89,16 @@ def test_static_text_refuses_what_another_process_would_name_otherwise(unsound):
     assert static_text((1, value)) is None
 
 
-def test_store_text_refuses_meshes_and_a_callers_round_parts():
+def test_store_text_refuses_meshes_and_a_callers_round_parts_or_rule():
     target, draft = tiny_pair(6, vocab_size=V, hidden_size=16, num_heads=2, num_kv_heads=1)
     kw = dict(prompt_length=5, max_new_tokens=4, tree="chain:2")
+    draft = as_drafter(draft)[0]
     cfg, _, _ = gen.build_config(target, draft, **kw)
     assert gen.store_text(cfg) is not None  # the library's own parts: a sound key
     mine, _, _ = gen.build_config(target, draft, parts=RoundParts(verify_mask=module_level), **kw)
     assert gen.store_text(mine) is None
+    assert gen.store_text(gen.build_config(target, draft, rule=accept_core, **kw)[0]) is not None  # the library's
+    assert gen.store_text(gen.build_config(target, draft, rule=module_level_rule, **kw)[0]) is None  # a caller's
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     meshed, _, _ = gen.build_config(target, draft, mesh=mesh, **kw)
     assert gen.store_text(meshed) is None

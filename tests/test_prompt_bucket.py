@@ -30,25 +30,30 @@ def test_bucket_width_literals():
     assert gen.bucket_width(33, None, 1000) == 33
 
 
-def test_bucket_config_pads_the_prompts_and_the_capacity(pair):
+def test_build_config_pads_the_prompts_and_the_capacity(pair):
+    """build_config computes the cache capacity and the prompt bucket in one pass: the
+    padded width (prompt_width) and the capacity grow together, within the positions."""
+    from jaxspec.decode.as_drafter import as_drafter
+
     target, draft = pair
+    drafter = as_drafter(draft)[0]
     tokens, lens = gen.prepare_prompts(PROMPTS, V)  # [3, 7]
-    cfg, _, _ = gen.build_config(target, draft, prompt_length=7, max_new_tokens=12, tree="chain:3")
-    assert cfg.capacity == 7 + 12 + 3 + 1
-    bcfg, btokens = gen.bucket_config(cfg, tokens, (target, draft), 32)
+    cfg, _, _ = gen.build_config(target, drafter, prompt_length=7, max_new_tokens=12, tree="chain:3")
+    assert cfg.capacity == 7 + 12 + 3 + 1 == gen.cache_capacity(7, 12, cfg.tree) and cfg.prompt_width == 7
+    bcfg, _, _ = gen.build_config(target, drafter, prompt_length=7, max_new_tokens=12, tree="chain:3", prompt_bucket=32)
+    btokens = gen.pad_prompts(tokens, bcfg.prompt_width)
     assert btokens.shape == (3, 32) and btokens.dtype == np.int32
     np.testing.assert_array_equal(btokens[:, :7], tokens)
     assert not btokens[:, 7:].any()  # zeros, past every row's length
     assert bcfg.capacity == 32 + 12 + 3 + 1
     assert bcfg == cfg.__class__(**{**cfg.__dict__, "capacity": bcfg.capacity})  # nothing else changes
     # max_position_embeddings = 64: 40 new tokens leave room for 7 + 13 prompt columns, not 32
-    near, _, _ = gen.build_config(target, draft, prompt_length=7, max_new_tokens=40, tree="chain:3")
-    ncfg, ntokens = gen.bucket_config(near, tokens, (target, draft), 32)
-    assert ntokens.shape == (3, 20) and ncfg.capacity == 64
-    ar, _ = gen.build_ar_config(target, prompt_length=7, max_new_tokens=12)
-    acfg, atokens = gen.bucket_config(ar, tokens, (target,), 32)
-    assert atokens.shape == (3, 32) and acfg.capacity == 32 + 12
-    assert gen.bucket_config(cfg, tokens, (target, draft), None) == (cfg, tokens)
+    near, _, _ = gen.build_config(target, drafter, prompt_length=7, max_new_tokens=40, tree="chain:3",
+                                  prompt_bucket=32)
+    assert near.prompt_width == 20 and near.capacity == 64
+    ar, _ = gen.build_ar_config(target, prompt_length=7, max_new_tokens=12, prompt_bucket=32)
+    assert ar.prompt_width == 32 and ar.capacity == 32 + 12
+    assert gen.pad_prompts(tokens, 7) is tokens
 
 
 @pytest.fixture

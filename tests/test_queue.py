@@ -20,6 +20,7 @@ from _tiny import tiny_head, tiny_pair
 
 import jaxspec
 from jaxspec.decode import generate as gen
+from jaxspec.decode.as_drafter import as_drafter
 
 V = 16
 PROMPTS = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10], [3], [2, 2], [9, 1, 4], [6, 6, 6, 1, 2]]
@@ -106,7 +107,7 @@ def test_rows_refuse_a_mesh(models):
     mesh = jaxspec.make_mesh(data=1)
     with pytest.raises(jaxspec.SettingError, match=r"^rows = 2 and mesh = .*: continuous batching runs on one device; "
                                                    r"expected mesh None"):
-        gen.build_config(target, draft, prompt_length=4, max_new_tokens=4, tree=2, mesh=mesh, rows=2)
+        gen.build_config(target, as_drafter(draft)[0], prompt_length=4, max_new_tokens=4, tree=2, mesh=mesh, rows=2)
 
 
 def test_queue_benchmark_tiny(tmp_path):

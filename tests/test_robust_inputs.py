@@ -330,7 +330,7 @@ def test_caller_rule_or_drafter_breaking_the_protocol_is_named(case):
             jaxspec.generate(jax.random.key(0), target, draft, [[1], [2]], rule=obj, **kw)
         else:
             table = np.zeros((8, 8), np.float32)
-            holder = type("Holder", (), {"to_drafter": lambda self: (obj(8), table)})()
+            holder = (obj(8), table)  # a drafter with params: the pair
             jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], **kw)
 
 

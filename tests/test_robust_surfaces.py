@@ -187,7 +187,7 @@ def test_user_drafter_whose_check_answers_no_scheme_is_named(answer):
             return answer
 
     target, _ = tiny_pair(0, vocab_size=8)
-    holder = type("Holder", (), {"to_drafter": lambda self: (Silent(8), np.zeros((8, 8), np.float32))})()
+    holder = (Silent(8), np.zeros((8, 8), np.float32))  # a drafter with params: the pair
     with pytest.raises(ValueError, match=rf"^draft: Silent\.check returned {answer!r}; expected the sibling scheme "
                                          r"it will draw with, one of 'iid', "):
         jaxspec.generate(jax.random.key(0), target, holder, [[1], [2]], max_new_tokens=2, tree="chain:2")

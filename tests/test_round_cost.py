@@ -102,7 +102,10 @@ def _cache(model, b):
 
 
 def _configs(target, draft, tokens, tree="chain:2"):
-    scfg, t, dt = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=6, tree=tree,
+    from jaxspec.decode.as_drafter import as_drafter
+
+    scfg, t, dt = gen.build_config(target, as_drafter(draft)[0], prompt_length=tokens.shape[1], max_new_tokens=6,
+                                   tree=tree,
                                    sampling=Sampling(temperature=1.0))
     acfg, at = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=6,
                                    sampling=Sampling(temperature=1.0))
@@ -111,16 +114,15 @@ def _configs(target, draft, tokens, tree="chain:2"):
 
 def test_entry_points_the_benchmark_times_match_generate():
     """run_compiled / run_compiled_autoregressive on models split once return what
-    generate / generate_autoregressive return; graphdefs passed in give the same
+    generate / generate_autoregressive return; a target graphdef passed in gives the same
     configuration; start_program is the prefill (roots = last prompt tokens)."""
     target, draft = default_pair(0, vocab_size=16, hidden_size=16)
     prompts = [[1, 2, 3], [4, 5]]
     tokens = jnp.asarray([[1, 2, 3], [4, 5, 0]], jnp.int32)
     lens = jnp.asarray([3, 2], jnp.int32)
     scfg, t, dt, acfg, at = _configs(target, draft, tokens)
-    assert scfg == gen.build_config(target, draft, prompt_length=3, max_new_tokens=6, tree="chain:2",
-                                    sampling=Sampling(temperature=1.0),
-                                    graphdefs=(nnx.graphdef(target), nnx.graphdef(draft)))[0]
+    assert scfg == gen.build_config(target, scfg.draft_def, prompt_length=3, max_new_tokens=6, tree="chain:2",
+                                    sampling=Sampling(temperature=1.0), target_def=nnx.graphdef(target))[0]
     assert acfg == gen.build_ar_config(target, prompt_length=3, max_new_tokens=6, sampling=Sampling(temperature=1.0),
                                        graphdef=nnx.graphdef(target))[0]
     key = jax.random.key(3)
@@ -181,18 +183,19 @@ def test_draft_widths_of_a_round():
 
 
 def test_graphdefs_passed_in_are_checked():
-    target, draft = default_pair(0, vocab_size=16, hidden_size=16)
-    kw = dict(prompt_length=3, max_new_tokens=4, tree="chain:2")
-    with pytest.raises(ValueError, match=r"graphdefs = a GraphDef: expected \(target graphdef, draft graphdef\)"):
-        gen.build_config(target, draft, graphdefs=nnx.graphdef(target), **kw)
-    with pytest.raises(ValueError, match=r"graphdefs\[1\] = State: expected an nnx.GraphDef"):
-        gen.build_config(target, draft, graphdefs=nnx.split(target), **kw)
-    with pytest.raises(ValueError, match=r"graphdef = State: expected an nnx.GraphDef"):
-        gen.build_ar_config(target, prompt_length=3, max_new_tokens=4, graphdef=nnx.state(target))
+    """build_config takes the drafter (as_drafter's, once, at the public boundary) and the
+    target's graphdef when the caller has it; a model or another object is refused, naming
+    what to pass."""
     from jaxspec.decode.ngram import NgramDraft
 
+    target, draft = default_pair(0, vocab_size=16, hidden_size=16)
+    kw = dict(prompt_length=3, max_new_tokens=4, tree="chain:2")
+    with pytest.raises(ValueError, match=r"target_def = State: expected an nnx.GraphDef"):
+        gen.build_config(target, NgramDraft(), target_def=nnx.state(target), **kw)
+    with pytest.raises(ValueError, match=r"graphdef = State: expected an nnx.GraphDef"):
+        gen.build_ar_config(target, prompt_length=3, max_new_tokens=4, graphdef=nnx.state(target))
+    with pytest.raises(ValueError, match=r"draft = Transformer: expected a drafter .*as_drafter\(draft\)\[0\]"):
+        gen.build_config(target, draft, **kw)
     ng = NgramDraft()
-    cfg = gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), ng), **kw)[0]
-    assert cfg == gen.build_config(target, ng, **kw)[0]
-    with pytest.raises(ValueError, match=r"graphdefs\[1\] = NgramDraft\(.*\): expected the drafter itself"):
-        gen.build_config(target, ng, graphdefs=(nnx.graphdef(target), NgramDraft(max_ngram=2)), **kw)
+    same = gen.build_config(target, ng, target_def=nnx.graphdef(target), **kw)[0]
+    assert same == gen.build_config(target, ng, **kw)[0]

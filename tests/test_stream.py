@@ -110,7 +110,9 @@ def test_the_round_program_has_no_host_callback(pair):
     """What keeps streaming out of the persistent compilation cache is a host callback in
     the program; the round program has none."""
     target, draft = pair
-    cfg, t, dt = gen.build_config(target, draft, prompt_length=2, max_new_tokens=4, tree="chain:2")
+    from jaxspec.decode.as_drafter import as_drafter
+
+    cfg, t, dt = gen.build_config(target, as_drafter(draft)[0], prompt_length=2, max_new_tokens=4, tree="chain:2")
     progs = gen.compiled_stream(cfg)
     tokens, lens = gen.prepare_prompts([[1, 2]], V)
     states = (nnx.state(target), nnx.state(draft))

@@ -44,7 +44,7 @@ def test_greedy_equals_target_only(pair, tree, scheme):
     ref = jaxspec.generate_autoregressive(jax.random.key(1), target, PROMPTS, **kw)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ref.tokens))
     s = spec.summary()
-    assert s["draft_calls"] == 0  # BigramDraft.forwards: table lookups only
+    assert s["draft_calls"] == 0  # Bigram.forwards: table lookups only
     assert s["tokens_per_target_call"] > 1.0, s  # it drafts something the target accepts
 
 
@@ -119,8 +119,8 @@ def test_refusals_name_the_problem(pair):
 
 def test_configuration_holds_the_drafter_and_its_cost(pair):
     target, user = pair
-    drafter, params = user.to_drafter()
-    cfg, _, _ = gen.build_config(target, user, prompt_length=3, max_new_tokens=4, tree="branch:2,2")
+    drafter, params = user  # the pair generate takes: (drafter, params)
+    cfg, _, _ = gen.build_config(target, drafter, prompt_length=3, max_new_tokens=4, tree="branch:2,2")
     assert cfg.draft_def == drafter and cfg.scheme == "without_replacement"
     assert cfg.draft_calls_per_round == 0
     assert params.shape == (8, 8)

@@ -57,6 +57,7 @@ from jaxspec.core.settings import Sampling
 
 # the module itself: the package re-exports the function ``generate`` under the same name
 from jaxspec.decode import generate as gen
+from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.core.treespec import parse_tree
 
 __all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "inputs", "draft_widths", "run", "headline", "table", "plot"]
@@ -169,11 +170,13 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     scheme = sibling_scheme(spec, temp)
     m = cfg.max_new_tokens
     tdef, tstate = nnx.split(target)
-    ddef, dstate = nnx.split(draft)
-    scfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=tokens.shape[1], max_new_tokens=m,
+    drafter, dstate = as_drafter(draft)
+    # the configuration and padded prompts of the program jaxspec.generate runs (its default prompt_bucket), so
+    # that the compiled call, the prefill and the forwards' cache capacity are those of the timed generate call
+    scfg, t_temp, d_temp = gen.build_config(target, drafter, prompt_length=tokens.shape[1], max_new_tokens=m,
                                             tree=spec, scheme=scheme, sampling=Sampling(temperature=temp),
-                                            graphdefs=(tdef, ddef))
-    scfg, tokens = _bucketed(scfg, tokens, (target, draft))
+                                            prompt_bucket=gen.PROMPT_BUCKET, target_def=tdef)
+    tokens = jnp.asarray(gen.pad_prompts(np.asarray(tokens), scfg.prompt_width))
     prefill = jax.jit(lambda ts, ds, tok, ln: gen.start_program(scfg, ts, ds, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2  # the cache fill at which forwards are costed
     b = tokens.shape[0]
@@ -218,20 +221,13 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     return row
 
 
-def _bucketed(config, tokens, models):
-    """The configuration and padded prompts of the program :func:`jaxspec.generate` runs
-    (its default ``prompt_bucket``), so that the compiled call, the prefill and the
-    forwards' cache capacity are those of the timed ``generate`` call."""
-    config, padded = gen.bucket_config(config, np.asarray(tokens), models, gen.PROMPT_BUCKET)
-    return config, jnp.asarray(padded)
-
-
 def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: float) -> dict:
     m = cfg.max_new_tokens
     tdef, tstate = nnx.split(target)
     acfg, a_temp = gen.build_ar_config(target, prompt_length=tokens.shape[1], max_new_tokens=m,
-                                       sampling=Sampling(temperature=temp), graphdef=tdef)
-    acfg, tokens = _bucketed(acfg, tokens, (target,))
+                                       sampling=Sampling(temperature=temp), prompt_bucket=gen.PROMPT_BUCKET,
+                                       graphdef=tdef)
+    tokens = jnp.asarray(gen.pad_prompts(np.asarray(tokens), acfg.prompt_width))
     prefill = jax.jit(lambda ts, tok, ln: gen.start_program(acfg, ts, None, tok, ln))
     fill = int(np.mean(np.asarray(lens))) + m // 2
     b = tokens.shape[0]

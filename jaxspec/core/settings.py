@@ -25,7 +25,7 @@ import jax
 from jaxspec.errors import SettingError
 from jaxspec.core.sampling import Warp, validate_warp_args
 
-__all__ = ["Sampling", "check_sampling", "draft_law"]
+__all__ = ["Sampling", "check_sampling", "check_draft_sampling", "draft_law"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +100,31 @@ def check_sampling(name: str, value, default: Sampling | None = None) -> Samplin
     raise SettingError({name: value}, f"expected a jaxspec.Sampling, e.g. {hint}")
 
 
-def draft_law(scheme: str, sampling: Sampling, draft_sampling: Sampling | None) -> Sampling:
+def check_draft_sampling(value) -> Sampling | dict | None:
+    """``draft_sampling`` validated: ``None``, a :class:`Sampling`, or a dict of some of its
+    fields (``{"temperature": 0.5}``: those fields over the default draft law, see
+    :func:`draft_law`; ``jaxspec verify``'s ``--draft-*`` flags are such a dict). A
+    :class:`~jaxspec.checks.SettingError` names ``draft_sampling`` or the field."""
+    if not isinstance(value, dict):
+        return check_sampling("draft_sampling", value)
+    fields = [f.name for f in dataclasses.fields(Sampling)]
+    unknown = [k for k in value if k not in fields]
+    if unknown:
+        raise SettingError({"draft_sampling": value}, f"expected a jaxspec.Sampling, or a dict of some of its fields "
+                           f"({', '.join(fields)}); {unknown[0]!r} is none of them")
+    Sampling(**value)  # each value checked where it is given (the others are the defaults')
+    return dict(value) or None  # {}: the default, as None
+
+
+def draft_law(scheme: str, sampling: Sampling, draft_sampling: Sampling | dict | None) -> Sampling:
     """The draft's proposal law: ``draft_sampling`` when given; else the target's law under
     the sampling schemes (``iid``, ``without_replacement``: the draft drafts what the target
     will sample), and temperature 1 without warps under ``deterministic`` (the draft only
-    ranks candidates). The one rule shared by generation, the exactness harness,
-    acceptance measurement and tree tuning. Any choice is lossless: ``q`` is the law the
-    draft actually sampled."""
-    if draft_sampling is not None:
+    ranks candidates); a dict of some fields (:func:`check_draft_sampling`) replaces those
+    fields of that default. The one rule shared by generation, the exactness harness,
+    acceptance measurement, tree tuning and the command line. Any choice is lossless: ``q``
+    is the law the draft actually sampled."""
+    if isinstance(draft_sampling, Sampling):
         return draft_sampling
-    return Sampling() if scheme == "deterministic" else sampling
+    default = Sampling() if scheme == "deterministic" else sampling
+    return default if not draft_sampling else dataclasses.replace(default, **draft_sampling)

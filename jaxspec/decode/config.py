@@ -1,12 +1,14 @@
 """The static configuration of a generation (:class:`SpecConfig`, :class:`ARConfig`:
-hashable, so one compiled program per configuration) and the one place where generation
-settings are validated and become one (:func:`build_config`, :func:`build_ar_config`)."""
+hashable, so one compiled program per configuration) and the one pass where generation
+settings are validated and become one (:func:`build_config`, :func:`build_ar_config`):
+the drafter's own check, the settings table (:mod:`jaxspec.decode.combinations`), the
+acceptance step of ``rule=``, and the cache capacity with the prompt bucket, each once."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-import jax
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -14,18 +16,41 @@ from jaxspec.checks import is_int
 from jaxspec.core import rules
 from jaxspec.core import sampling as core_sampling
 from jaxspec.core.sampling import Warp
-from jaxspec.core.settings import Sampling, check_sampling, draft_law
+from jaxspec.core.settings import Sampling, check_draft_sampling, check_sampling, draft_law
+from jaxspec.core.token_rule import accept_core
 from jaxspec.core.treespec import DynamicTree, StaticTree, resolve_tree
-from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.decode.combinations import check_settings
-from jaxspec.decode.drafter import Drafter, DraftRequest
-from jaxspec.decode.inputs import position_limit
+from jaxspec.decode.defaults import DEFAULT_TREE
+from jaxspec.decode.drafter import DRAFTER_METHODS, Drafter, DraftRequest
+from jaxspec.decode.inputs import bucket_width, check_prompt_bucket, position_limit
 from jaxspec.decode.output_checks import check_drafter_scheme, check_rule_output, is_library_code
 from jaxspec.decode.round import RoundConfig, RoundParts
 from jaxspec.nn import sharding
 from jaxspec.nn.model import Transformer, check_transformer
 
-__all__ = ["SpecConfig", "ARConfig", "build_config", "build_ar_config"]
+__all__ = ["SpecConfig", "ARConfig", "build_config", "build_ar_config", "speculation_slots", "cache_capacity",
+           "default_tree"]
+
+
+def speculation_slots(tree) -> int:
+    """The cache slots a speculative generation keeps beyond the prompt and the new tokens:
+    the tree's (``cache_slots``: its nodes, and a dynamic tree's scratch) and one for the
+    root. ``tree``: a parsed tree, or an int ``n`` for a static tree of ``n`` nodes (the
+    candidate budgets of ``--tree auto``)."""
+    return (int(tree) if is_int(tree) else tree.cache_slots) + 1
+
+
+def cache_capacity(prompt_length: int, max_new_tokens: int, tree=None) -> int:
+    """The one capacity rule: a generation's cache holds the (padded) prompt, the new
+    tokens and, when speculating (``tree`` not None), :func:`speculation_slots` more. The
+    command line computes the room it reports from it."""
+    return int(prompt_length) + int(max_new_tokens) + (0 if tree is None else speculation_slots(tree))
+
+
+def default_tree(drafter) -> str:
+    """The tree of a generation given ``tree=None``: the drafter's own ``tree`` (the tree it
+    drafts best, e.g. ``"chain:1"`` for ``smollm2-135m-head``), else :data:`DEFAULT_TREE`."""
+    return getattr(drafter, "tree", None) or DEFAULT_TREE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +65,7 @@ class SpecConfig:
     draft_warp: Warp
     max_new_tokens: int
     capacity: int
+    accept: Callable = accept_core  # the acceptance step: the function of rule= (jaxspec.core.rules)
     parts: RoundParts = RoundParts()
     mesh: Mesh | None = None  # rows over "data", parameters and KV heads over "model"
     split_rows: bool = True  # False: rows are already per device (the harness's shard_map)
@@ -48,7 +74,13 @@ class SpecConfig:
     @property
     def round_config(self) -> RoundConfig:
         """The static description of one round of this generation."""
-        return RoundConfig(self.tree, self.scheme, self.target_warp, self.draft_warp, self.parts)
+        return RoundConfig(self.tree, self.scheme, self.target_warp, self.draft_warp, self.draft_def, self.accept,
+                           self.parts)
+
+    @property
+    def prompt_width(self) -> int:
+        """The padded prompt width the configuration compiles for (its prompt bucket)."""
+        return self.capacity - self.max_new_tokens - speculation_slots(self.tree)
 
     @property
     def num_nodes(self) -> int:
@@ -79,7 +111,10 @@ class ARConfig:
     mesh: Mesh | None = None
     split_rows: bool = True
 
-
+    @property
+    def prompt_width(self) -> int:
+        """The padded prompt width the configuration compiles for (its prompt bucket)."""
+        return self.capacity - self.max_new_tokens
 
 
 def _check_parts(parts) -> RoundParts:
@@ -87,29 +122,23 @@ def _check_parts(parts) -> RoundParts:
         return RoundParts()
     if not isinstance(parts, RoundParts):
         raise ValueError(
-            f"parts = {parts!r}: expected None or a jaxspec.RoundParts (verify_mask, accept, commit, keys, draw)"
+            f"parts = {parts!r}: expected None or a jaxspec.RoundParts (verify_mask, commit, keys, draw; the "
+            "acceptance step is rule=)"
         )
-    for name in ("verify_mask", "accept", "commit", "keys", "draw"):
+    for name in (f.name for f in dataclasses.fields(RoundParts)):
         if not callable(getattr(parts, name)):
             raise ValueError(f"parts.{name} = {getattr(parts, name)!r}: expected a function")
     return parts
 
 
-def _with_rule(parts: RoundParts, rule, scheme: str, spec) -> RoundParts:
-    """``parts`` with the acceptance step of ``rule`` (checked against the scheme and the
-    tree); a rule other than ``"token"`` or ``"auto"`` and a replaced ``parts.accept``
-    conflict (``"auto"`` leaves a replaced acceptance step in place)."""
-    if isinstance(rule, str) and rule == rules.AUTO and parts.accept is not RoundParts().accept:
-        return parts
+def _accept(rule, scheme: str, spec, vocab_size: int) -> Callable:
+    """The acceptance step of ``rule`` (a built-in name, already checked against the tree
+    and the scheme by the settings table, or a caller's function, whose output is checked
+    once here, before any loop)."""
     accept = rules.check_rule(rule, scheme, spec)
-    if accept is parts.accept or (isinstance(rule, str) and rule == "token"):
-        return parts  # the default rule leaves a replaced parts.accept in place
-    if parts.accept is not RoundParts().accept:
-        raise ValueError(
-            f"rule = {rules.rule_name(rule)!r} and parts.accept = {parts.accept!r}: both replace the "
-            "acceptance step; pass one of them"
-        )
-    return dataclasses.replace(parts, accept=accept)
+    if not is_library_code(accept):
+        check_rule_output(accept, scheme, spec.num_nodes, vocab_size, "rule")
+    return accept
 
 
 def _check_mesh(mesh, target) -> Mesh | None:
@@ -136,27 +165,25 @@ def _check_graphdef(name: str, graphdef) -> nnx.GraphDef:
     return graphdef
 
 
-def _definition(draft):
-    """A model's ``nnx.GraphDef`` (its params are not needed to build a configuration);
-    ``None`` for a drafter."""
-    return nnx.graphdef(draft) if isinstance(draft, nnx.Module) else None
+def _check_drafter(drafter) -> Drafter:
+    """``drafter`` if it is a drafter (what :func:`~jaxspec.decode.as_drafter.as_drafter`
+    returns first); a model is refused with the call that turns it into one."""
+    if all(callable(getattr(drafter, m, None)) for m in DRAFTER_METHODS):
+        return drafter
+    raise ValueError(
+        f"draft = {type(drafter).__name__}: expected a drafter (jaxspec.Drafter); build_config takes what "
+        "jaxspec.decode.as_drafter.as_drafter(draft)[0] returns for a model, a feature head or a drafter "
+        "(jaxspec.generate and jaxspec.verify call it)"
+    )
 
 
-def _check_graphdefs(graphdefs, draft) -> tuple:
-    """``graphdefs`` of :func:`build_config` -> ``(target graphdef, drafter)``: the target's
-    ``nnx.GraphDef`` and the draft model's or feature head's (a drafter is its own
-    definition). Which models they describe cannot be checked without the traversal that
-    passing them in avoids."""
-    if not isinstance(graphdefs, tuple) or len(graphdefs) != 2:
-        what = f"a tuple of {len(graphdefs)}" if isinstance(graphdefs, tuple) else f"a {type(graphdefs).__name__}"
-        raise ValueError(f"graphdefs = {what}: expected (target graphdef, draft graphdef) from nnx.split")
-    tdef = _check_graphdef("graphdefs[0]", graphdefs[0])
-    if isinstance(draft, nnx.Module):
-        return tdef, as_drafter(draft, _check_graphdef("graphdefs[1]", graphdefs[1]))[0]
-    if graphdefs[1] is not draft:
-        raise ValueError(f"graphdefs[1] = {graphdefs[1]!r}: expected the drafter itself, {draft!r} "
-                         "(it is its own definition)")
-    return tdef, as_drafter(draft)[0]
+def _check_on_round(on_round):
+    if on_round is not None and not callable(on_round):
+        raise ValueError(
+            f"on_round = {on_round!r}: expected None or a function f(tokens, lengths) called "
+            "once per round"
+        )
+    return on_round
 
 
 def _check_budget(max_new_tokens) -> int:
@@ -170,83 +197,97 @@ def _check_prompt_length(prompt_length) -> None:
         raise ValueError(f"prompt_length = {prompt_length!r}: expected an integer >= 1")
 
 
-def _check_positions(name: str, model, needed: int, what: str) -> None:
-    limit = position_limit(model)
-    if limit is not None and needed > limit:
-        raise ValueError(
-            f"{name}: {what} = {needed} exceeds max_position_embeddings = {limit}; "
-            "shorten the prompt, max_new_tokens or the tree"
-        )
-
-
+def _capacity(models, prompt_length: int, max_new_tokens: int, tree, bucket: int | None, what: str) -> int:
+    """The cache capacity of a generation, computed once: :func:`cache_capacity` for the
+    prompt padded to its bucket (:func:`~jaxspec.decode.inputs.bucket_width`, at most what
+    the models' positions leave), checked against each model's ``max_position_embeddings``
+    (``models``: ``(name, model or drafter)`` pairs; ``ValueError`` naming the first that is
+    short)."""
+    needed = cache_capacity(prompt_length, max_new_tokens, tree)
+    limits = {name: position_limit(m) for name, m in models}
+    for name, limit in limits.items():
+        if limit is not None and needed > limit:
+            raise ValueError(
+                f"{name}: {what} = {needed} exceeds max_position_embeddings = {limit}; "
+                "shorten the prompt, max_new_tokens or the tree"
+            )
+    known = [x for x in limits.values() if x is not None]
+    room = (min(known) if known else 2**31 - 1) - needed
+    return needed + bucket_width(int(prompt_length), bucket, room) - int(prompt_length)
 
 
 def build_config(
     target: Transformer,
-    draft,
+    drafter: Drafter,
     *,
     prompt_length: int,
     max_new_tokens: int,
-    tree,
+    tree=None,
     scheme: str | None = None,
     rule="auto",
     sampling: Sampling | None = None,
-    draft_sampling: Sampling | None = None,
+    draft_sampling: Sampling | dict | None = None,
     parts: RoundParts | None = None,
     mesh: Mesh | None = None,
     rows: int | None = None,
-    graphdefs: tuple | None = None,
+    on_round=None,
+    prompt_bucket: int | None = None,
+    target_def: nnx.GraphDef | None = None,
 ) -> tuple[SpecConfig, float, float]:
-    """The static configuration :func:`generate` compiles for prompts padded to
-    ``prompt_length`` tokens, with its arguments validated (``ValueError`` naming the
-    argument). The one place where generation settings become a :class:`SpecConfig`:
-    :func:`generate` and the exactness harness (:func:`jaxspec.exactness.verify`) both
-    call it (``generate`` then pads it to its prompt bucket with :func:`bucket_config`, as
-    ``verify(prompt_bucket=...)`` does), so the harness tests what ``generate`` runs.
+    """The static configuration :func:`generate` compiles for prompts of ``prompt_length``
+    tokens, with its arguments validated (``ValueError`` naming the argument). The one pass
+    where generation settings become a :class:`SpecConfig`: :func:`generate` and the
+    exactness harness (:func:`jaxspec.exactness.verify`) both call it, so the harness tests
+    what ``generate`` runs. In order, each once: the arguments' own checks, the drafter's
+    :meth:`~jaxspec.Drafter.check` (its refusals, and the scheme it serves), the settings
+    table (:func:`~jaxspec.decode.combinations.check_settings`, every setting at once), the
+    acceptance step of ``rule``, and the cache capacity with the prompt padded to
+    ``prompt_bucket`` (:attr:`SpecConfig.prompt_width`; pad the prompts with
+    :func:`~jaxspec.decode.inputs.pad_prompts`).
 
-    Arguments as in :func:`generate`; ``graphdefs``: ``(target graphdef, draft graphdef)``
-    when the caller already split the models (``nnx.split``; an n-gram draft is its own
-    definition), else they are computed here. Returns ``(config, temperature, draft_temperature)``:
+    Arguments as in :func:`generate`, except ``drafter``: the drafter, as
+    :func:`~jaxspec.decode.as_drafter.as_drafter` returns it (its params are not needed to
+    build a configuration), and ``prompt_bucket``, whose default here is ``None`` (the
+    prompt's own width). ``target_def``: the target's ``nnx.GraphDef`` when the caller has
+    split it already (else computed here). Returns ``(config, temperature, draft_temperature)``:
     the temperatures (the draft's resolved by :func:`jaxspec.core.settings.draft_law`) are
     traced arguments of the compiled function, not part of the configuration, so that new
     temperatures do not recompile. Equal arguments give equal (hashable) configurations::
 
-        cfg, t, dt = build_config(target, draft, prompt_length=3, max_new_tokens=8, tree=3)
+        drafter = as_drafter(draft)[0]
+        cfg, t, dt = build_config(target, drafter, prompt_length=3, max_new_tokens=8, tree=3)
         cfg.capacity      # 15 cache slots: 3 prompt + 8 new + 3 tree nodes + 1
-        cfg == build_config(target, draft, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
+        cfg == build_config(target, drafter, prompt_length=3, max_new_tokens=8, tree="chain:3")[0]
     """
     check_transformer("target", target)
+    drafter = _check_drafter(drafter)
     _check_prompt_length(prompt_length)
     v = target.config.vocab_size
     m = _check_budget(max_new_tokens)
-    spec = resolve_tree(tree)
-    if graphdefs is None:
-        tdef, drafter = nnx.graphdef(target), as_drafter(draft, _definition(draft))[0]
-    else:
-        tdef, drafter = _check_graphdefs(graphdefs, draft)
+    spec = resolve_tree(default_tree(drafter) if tree is None else tree)
     mesh = _check_mesh(mesh, target)
     law = check_sampling("sampling", sampling, Sampling())
-    draft_sampling = check_sampling("draft_sampling", draft_sampling)
+    draft_sampling = check_draft_sampling(draft_sampling)
     rows = _check_rows(rows)
+    on_round = _check_on_round(on_round)
+    bucket = check_prompt_bucket(prompt_bucket)
     if scheme is not None:
         core_sampling.check_scheme(scheme)
+    served = drafter.check(target, DraftRequest(spec, scheme, mesh, draft_sampling))  # the drafter's refusals
+    served = check_drafter_scheme(drafter, served)  # a caller's drafter may answer None: named with its check
     shown = {"tree": tree} if isinstance(tree, str) else None  # a spec is named as the caller wrote it
-    check_settings(shown, tree=spec, scheme=scheme, rule=rule, mesh=mesh, rows=rows)  # before the drafter's own
-    scheme = drafter.check(target, DraftRequest(spec, scheme, mesh, draft_sampling))  # the drafter's refusals
-    check_drafter_scheme(drafter, scheme)  # a caller's drafter may answer None: named with its check
-    check_settings(shown, tree=spec, scheme=scheme, rule=rule, vocab_size=v)  # with the scheme the drafter chose
-    dlaw = draft_law(scheme, law, draft_sampling)
-    capacity = int(prompt_length) + m + spec.cache_slots + 1
-    for name, model in (("target", target), ("draft", drafter)):
-        _check_positions(
-            name, model, capacity, "prompt length + max_new_tokens + tree size + 1 (cache capacity)"
-        )
-    parts = _with_rule(_check_parts(parts), rule, scheme, spec)
-    if not is_library_code(parts.accept):  # a caller's rule: its output checked once, before any loop
-        name = "rule" if parts.accept is rule else "parts.accept"
-        check_rule_output(parts.accept, scheme, spec.num_nodes, v, name)
-    cfg = SpecConfig(tdef, drafter, spec, scheme, law.warp, dlaw.warp, m, capacity, parts=parts, mesh=mesh,
-                     rows=rows)
+    # the table, once, with every setting: the scheme asked for (a dynamic tree refuses "iid" even where the
+    # drafter would serve "deterministic"), else the one the drafter serves
+    check_settings(shown, tree=spec, scheme=served if scheme is None else scheme, rule=rule, mesh=mesh, rows=rows,
+                   on_round=on_round, vocab_size=v)
+    dlaw = draft_law(served, law, draft_sampling)
+    accept = _accept(rule, served, spec, v)
+    parts = _check_parts(parts)
+    capacity = _capacity((("target", target), ("draft", drafter)), prompt_length, m, spec, bucket,
+                         "prompt length + max_new_tokens + tree size + 1 (cache capacity)")
+    tdef = nnx.graphdef(target) if target_def is None else _check_graphdef("target_def", target_def)
+    cfg = SpecConfig(tdef, drafter, spec, served, law.warp, dlaw.warp, m, capacity, accept=accept, parts=parts,
+                     mesh=mesh, rows=rows)
     return cfg, law.temperature, dlaw.temperature
 
 
@@ -257,16 +298,18 @@ def build_ar_config(
     max_new_tokens: int,
     sampling: Sampling | None = None,
     mesh: Mesh | None = None,
+    prompt_bucket: int | None = None,
     graphdef=None,
 ) -> tuple[ARConfig, float]:
-    """The static configuration :func:`generate_autoregressive` compiles for prompts padded
-    to ``prompt_length`` tokens, with its arguments validated; ``(config, temperature)``
-    (see :func:`build_config`; ``graphdef``: the target's, when the caller has it)."""
+    """The static configuration :func:`generate_autoregressive` compiles for prompts of
+    ``prompt_length`` tokens padded to ``prompt_bucket``, with its arguments validated;
+    ``(config, temperature)`` (see :func:`build_config`; ``graphdef``: the target's, when
+    the caller has it)."""
     check_transformer("target", target)
     _check_prompt_length(prompt_length)
     m = _check_budget(max_new_tokens)
     law = check_sampling("sampling", sampling, Sampling())
-    capacity = int(prompt_length) + m
-    _check_positions("target", target, capacity, "prompt length + max_new_tokens (cache capacity)")
+    capacity = _capacity((("target", target),), prompt_length, m, None, check_prompt_bucket(prompt_bucket),
+                         "prompt length + max_new_tokens (cache capacity)")
     tdef = nnx.graphdef(target) if graphdef is None else _check_graphdef("graphdef", graphdef)
     return ARConfig(tdef, law.warp, m, capacity, mesh=_check_mesh(mesh, target)), law.temperature

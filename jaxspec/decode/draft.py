@@ -50,6 +50,7 @@ from jaxspec.core import sampling
 from jaxspec.core import tree as treelib
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
+from jaxspec.decode.defaults import DEFAULT_SCHEME
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
 from jaxspec.nn import sharding
 from jaxspec.nn.cache import KVCache
@@ -63,12 +64,13 @@ __all__ = ["ModuleDraft", "ModelDraft", "model_scheme", "model_forwards", "propo
 
 def model_scheme(request: DraftRequest) -> str:
     """The sibling scheme a drafter that runs a model serves: any scheme on a static tree
-    (default ``without_replacement``), ``deterministic`` on a DynamicTree (its candidates
+    (default :data:`~jaxspec.decode.defaults.DEFAULT_SCHEME`, ``without_replacement``),
+    ``deterministic`` on a DynamicTree (its candidates
     are fixed choices; any other scheme there is refused by the settings table,
     :mod:`jaxspec.decode.combinations`, before a drafter is asked)."""
     if isinstance(request.tree, DynamicTree):
         return "deterministic"
-    return "without_replacement" if request.scheme is None else request.scheme
+    return DEFAULT_SCHEME if request.scheme is None else request.scheme
 
 
 def model_forwards(tree) -> int:
@@ -109,10 +111,6 @@ class ModuleDraft:
             return cls(definition, module.config, tree), None
         gdef, state = nnx.split(module)
         return cls(gdef, module.config, tree), state
-
-    @property
-    def max_positions(self) -> int:
-        return self.config.max_position_embeddings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,12 +32,16 @@ methods (the :class:`Drafter` protocol, the one definition that :func:`check_dra
         cache follows the target's slot layout applies it to keep the same slots.
 
 Optional attributes: ``forwards(tree) -> int`` (draft forward passes per round, for
-statistics and cost models; absent: 0, as for a drafter without a model), ``max_positions`` (an int: the drafter's position limit; checked
-against the cache capacity), ``config`` (a :class:`~jaxspec.nn.config.ModelConfig`:
-``params`` are then split over a mesh's model axis as a model's are; otherwise replicated)
-and ``tree`` (a :func:`~jaxspec.core.treespec.parse_tree` spec: the tree the drafter drafts
-best, which :func:`jaxspec.generate` uses when its ``tree`` is None; absent or None: the
-library's default, ``"chain:4"``).
+statistics and cost models; absent: 0, as for a drafter without a model), ``config`` (a
+:class:`~jaxspec.nn.config.ModelConfig`: its ``max_position_embeddings`` bounds the cache
+capacity, and ``params`` are split over a mesh's model axis as a model's are; otherwise no
+position limit, and params replicated) and ``tree`` (a
+:func:`~jaxspec.core.treespec.parse_tree` spec: the tree the drafter drafts best, which
+:func:`jaxspec.generate` uses when its ``tree`` is None; absent or None: the library's
+default, ``"chain:4"``).
+
+A drafter with arrays of its own is passed as the pair ``(drafter, params)``; one without
+is passed alone (its params are ``None``).
 
 Exactness needs nothing else from a drafter: any proposal, drawn from the laws it returns
 (or fixed), is verified by a lossless rule, so the output law is the target's. A drafter
@@ -157,8 +161,9 @@ def check_drafter(name: str, drafter) -> Drafter:
     missing = [m for m in DRAFTER_METHODS if not callable(getattr(drafter, m, None))]
     if missing:
         raise ValueError(
-            f"{name}: expected a jaxspec.Transformer, a jaxspec.FeatureHead or a drafter (methods "
-            f"{', '.join(DRAFTER_METHODS)}; see jaxspec.Drafter), got {type(drafter).__name__} without "
+            f"{name}: expected a jaxspec.Transformer, a jaxspec.FeatureHead, a drafter (methods "
+            f"{', '.join(DRAFTER_METHODS)}; see jaxspec.Drafter) or a pair (drafter, params), got "
+            f"{type(drafter).__name__} without "
             f"{', '.join(missing)}"
         )
     try:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,13 +50,13 @@ from jaxspec.core.sampling import SCHEMES as SAMPLING_SCHEMES
 from jaxspec.core.sampling import check_key
 from jaxspec.core.settings import Sampling
 from jaxspec.decode.as_drafter import as_drafter
-from jaxspec.decode.combinations import check_settings
-from jaxspec.decode.config import ARConfig, SpecConfig, build_ar_config, build_config
+from jaxspec.decode.config import ARConfig, SpecConfig, build_ar_config, build_config, cache_capacity
+from jaxspec.decode.defaults import DEFAULT_SCHEME, DEFAULT_TREE
 from jaxspec.decode.inputs import (
     PROMPT_BUCKET,
-    bucket_config,
     bucket_width,
     check_prompt_bucket,
+    pad_prompts,
     prepare_prompts,
     resolve_stop_tokens,
     stop_array,
@@ -71,6 +72,7 @@ from jaxspec.nn.model import Transformer, check_transformer
 
 __all__ = [
     "DEFAULT_TREE",
+    "DEFAULT_SCHEME",
     "GenerateResult",
     "SUMMARY_KEYS",
     "resolve_stop_tokens",
@@ -80,6 +82,9 @@ __all__ = [
     "build_ar_config",
     "generate",
     "generate_autoregressive",
+    "prepare",
+    "prepare_autoregressive",
+    "Prepared",
     "run_compiled",
     "run_compiled_autoregressive",
     "compiled",
@@ -92,15 +97,12 @@ __all__ = [
     "PROMPT_BUCKET",
     "check_prompt_bucket",
     "bucket_width",
-    "bucket_config",
+    "pad_prompts",
+    "cache_capacity",
     "stop_array",
     "store_text",
     "streamed",
 ]
-
-#: the tree of ``generate`` and ``jaxspec generate`` when none is given: the fastest measured on
-#: the default pair (benchmarks/README.md, decode_speed)
-DEFAULT_TREE = "chain:4"
 
 SCHEMES = SAMPLING_SCHEMES
 
@@ -129,15 +131,6 @@ def streamed(cfg, on_round, b: int, states, key, tokens, lens, *scalars) -> Gene
         if not active[:b].any():  # a mesh's padding rows (dropped from the result) may run on
             break
     return progs.result(lp)
-
-
-def _check_on_round(on_round):
-    if on_round is not None and not callable(on_round):
-        raise ValueError(
-            f"on_round = {on_round!r}: expected None or a function f(tokens, lengths) called "
-            "once per round"
-        )
-    return on_round
 
 
 def generate(
@@ -171,7 +164,8 @@ def generate(
         :class:`~jaxspec.decode.ngram.NgramDraft` (prompt lookup: drafts copied from the
         row's own prompt and output; static trees, scheme ``"deterministic"``), or any
         drafter of the :class:`~jaxspec.Drafter` protocol (:mod:`jaxspec.decode.drafter`,
-        ``docs/DRAFTERS.md``), the library's or the caller's own.
+        ``docs/DRAFTERS.md``), the library's or the caller's own, alone or, with arrays of
+        its own, as the pair ``(drafter, params)``.
       prompts: ``int32[B, T]`` (every row T tokens) or a list of B token lists of any
         lengths >= 1.
       max_new_tokens: budget per row (>= 1).
@@ -194,7 +188,8 @@ def generate(
         target's law for the sampling schemes (``iid``, ``without_replacement``); for
         ``deterministic`` (static or dynamic trees, whose draft only *ranks* candidates)
         ``Sampling()``. Either way ``q`` is the law actually sampled, so the output law is
-        unchanged (:func:`jaxspec.core.settings.draft_law`).
+        unchanged (:func:`jaxspec.core.settings.draft_law`). A dict of some of the fields
+        (``{"temperature": 0.5}``) sets those over that default.
       stop_tokens: a row ends at its first stop token (included in the output). ``None``
         (default): the target's end-of-text token(s), ``target.config.eos_token_id``, if its
         config has one; ``()``: no stop token (every row runs to ``max_new_tokens``). See
@@ -206,8 +201,9 @@ def generate(
         ``generate`` returns when the last round has run); no callback enters a compiled
         program, so any function reuses the compilation, and the programs can be stored
         in JAX's persistent compilation cache.
-      parts: the replaceable steps of a round (:class:`~jaxspec.decode.round.RoundParts`:
-        verification mask, acceptance rule, commit); ``None`` = the library's own. A
+      parts: the replaceable steps of a round besides its rule
+        (:class:`~jaxspec.decode.round.RoundParts`: verification mask, commit, key split,
+        draft draws); ``None`` = the library's own. A
         replaced part is the caller's claim to check, e.g. with :func:`jaxspec.verify`
         (``parts=``).
       mesh: a :class:`jax.sharding.Mesh` with axes ``"data"`` and/or ``"model"``
@@ -228,7 +224,8 @@ def generate(
         with ``mesh`` or ``on_round``.
       prompt_bucket: prompts are padded to a multiple of this many tokens (default
         :data:`PROMPT_BUCKET`; less where the models' positions leave less room), so that
-        prompts of nearby lengths share one compilation (:func:`bucket_config`); ``None``
+        prompts of nearby lengths share one compilation (:func:`~jaxspec.decode.config.build_config`
+        computes the width with the cache capacity); ``None``
         pads only to the longest prompt.
 
     Returns:
@@ -237,23 +234,61 @@ def generate(
       ``summary()["loop_rounds"]`` is the most rounds of one prompt, not the loop's
       iterations).
     """
+    prepared = prepare(target, draft, prompts, max_new_tokens=max_new_tokens, tree=tree, scheme=scheme, rule=rule,
+                       sampling=sampling, draft_sampling=draft_sampling, stop_tokens=stop_tokens, on_round=on_round,
+                       parts=parts, mesh=mesh, rows=rows, prompt_bucket=prompt_bucket)
+    return prepared.run(key)
+
+
+class Prepared(NamedTuple):
+    """A generation validated and configured, ready to run (:func:`prepare`,
+    :func:`prepare_autoregressive`): its static ``config`` (a :class:`SpecConfig` or an
+    :class:`ARConfig`) and its inputs. ``run(key)`` decodes; a new key neither checks nor
+    builds anything again, so a caller that times or repeats one generation (``jaxspec
+    generate --compare``) prepares it once."""
+
+    config: SpecConfig | ARConfig
+    states: tuple  # (target state,) or (target state, drafter params)
+    tokens: np.ndarray  # int32[B, prompt_width]
+    lens: np.ndarray  # int32[B]
+    temperatures: tuple  # (temperature,) or (temperature, draft temperature)
+    stop_tokens: tuple
+    on_round: Callable | None
+
+    def run(self, key) -> GenerateResult:
+        """The generation with ``key`` (``jax.random.key``; row b uses ``fold_in(key, b)``)."""
+        key = check_key(key)
+        if isinstance(self.config, SpecConfig):
+            return run_compiled(self.config, *self.states, key, self.tokens, self.lens, *self.temperatures,
+                                self.stop_tokens, on_round=self.on_round)
+        return run_compiled_autoregressive(self.config, *self.states, key, self.tokens, self.lens,
+                                           *self.temperatures, self.stop_tokens, on_round=self.on_round)
+
+
+def prepare(target: Transformer, draft, prompts, *, max_new_tokens: int, tree=None, scheme: str | None = None,
+            rule="auto", sampling: Sampling | None = None, draft_sampling: Sampling | None = None,
+            stop_tokens: Sequence[int] | None = None, on_round: Callable | None = None,
+            parts: RoundParts | None = None, mesh: Mesh | None = None, rows: int | None = None,
+            prompt_bucket: int | None = PROMPT_BUCKET) -> Prepared:
+    """Everything :func:`generate` does before it decodes, once: the arguments (as
+    :func:`generate`'s) checked, ``draft`` turned into a drafter
+    (:func:`~jaxspec.decode.as_drafter.as_drafter`), the configuration built
+    (:func:`~jaxspec.decode.config.build_config`), the prompts padded to its width, the
+    memory and a caller's drafter checked. ``generate(key, ...)`` is
+    ``prepare(...).run(key)``; ``prepare(...).config.scheme`` is the scheme the drafter
+    serves."""
     check_transformer("target", target)
-    drafter, dstate = as_drafter(draft)
-    if tree is None:  # the tree the drafter drafts best, as jaxspec generate uses it
-        tree = getattr(drafter, "tree", None) or DEFAULT_TREE
-    key = check_key(key)
+    drafter, dstate = as_drafter(draft)  # once, here: the configuration takes the drafter
     stop = resolve_stop_tokens(stop_tokens, target)
-    bucket = check_prompt_bucket(prompt_bucket)
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
-    # one traversal of each model's object graph gives both halves (each costs milliseconds)
+    # one traversal of the target's object graph gives both halves (each costs milliseconds)
     tdef, tstate = nnx.split(target)
     cfg, t_temp, d_temp = build_config(
         target, drafter, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, tree=tree,
         scheme=scheme, rule=rule, sampling=sampling, draft_sampling=draft_sampling, parts=parts, mesh=mesh,
-        rows=rows, graphdefs=(tdef, drafter),
+        rows=rows, on_round=on_round, prompt_bucket=prompt_bucket, target_def=tdef,
     )
-    check_settings(rows=cfg.rows, on_round=_check_on_round(on_round))
-    cfg, tokens = bucket_config(cfg, tokens, (target, drafter), bucket)
+    tokens = pad_prompts(tokens, cfg.prompt_width)
     check_generate_memory(target.config, getattr(drafter, "config", None), rows=cfg.rows or tokens.shape[0],
                           width=tokens.shape[1], capacity=cfg.capacity, tree_rows=cfg.num_nodes + 1,
                           what="rows" if cfg.rows else "prompts", prompts=tokens.shape[0],
@@ -261,7 +296,7 @@ def generate(
     check_drafter_output(drafter, dstate, target, tree=cfg.tree, scheme=cfg.scheme, warp=cfg.draft_warp,
                          batch=cfg.rows or tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
                          budget=cfg.max_new_tokens)
-    return run_compiled(cfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, stop, on_round=on_round)
+    return Prepared(cfg, (tstate, dstate), tokens, lens, (t_temp, d_temp), stop, on_round)
 
 
 def run_compiled(cfg: SpecConfig, target_state, draft_state, key, tokens, lens, temperature,
@@ -328,20 +363,30 @@ def generate_autoregressive(
     as in :func:`generate` (default: the target's ``eos_token_id``; ``()``: none);
     ``on_round`` as in :func:`generate` (called after every token); ``mesh`` and
     ``prompt_bucket`` as in :func:`generate`."""
+    return prepare_autoregressive(target, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                  stop_tokens=stop_tokens, on_round=on_round, mesh=mesh,
+                                  prompt_bucket=prompt_bucket).run(key)
+
+
+def prepare_autoregressive(target: Transformer, prompts, *, max_new_tokens: int, sampling: Sampling | None = None,
+                           stop_tokens: Sequence[int] | None = None, on_round: Callable | None = None,
+                           mesh: Mesh | None = None, prompt_bucket: int | None = PROMPT_BUCKET) -> Prepared:
+    """:func:`prepare` for :func:`generate_autoregressive` (arguments as its)."""
     check_transformer("target", target)
-    key = check_key(key)
     stop = resolve_stop_tokens(stop_tokens, target)
-    bucket = check_prompt_bucket(prompt_bucket)
+    if on_round is not None and not callable(on_round):
+        raise ValueError(f"on_round = {on_round!r}: expected None or a function f(tokens, lengths) called once per "
+                         "round")
     tokens, lens = prepare_prompts(prompts, target.config.vocab_size)
     tdef, tstate = nnx.split(target)
     cfg, temp = build_ar_config(
         target, prompt_length=tokens.shape[1], max_new_tokens=max_new_tokens, sampling=sampling, mesh=mesh,
-        graphdef=tdef,
+        prompt_bucket=prompt_bucket, graphdef=tdef,
     )
-    cfg, tokens = bucket_config(cfg, tokens, (target,), bucket)
+    tokens = pad_prompts(tokens, cfg.prompt_width)
     check_generate_memory(target.config, None, rows=tokens.shape[0], width=tokens.shape[1], capacity=cfg.capacity,
                           tree_rows=1, prompt_length=int(np.max(lens)))
-    return run_compiled_autoregressive(cfg, tstate, key, tokens, lens, temp, stop, on_round=_check_on_round(on_round))
+    return Prepared(cfg, (tstate,), tokens, lens, (temp,), stop, on_round)
 
 
 def run_compiled_autoregressive(cfg: ARConfig, target_state, key, tokens, lens, temperature,

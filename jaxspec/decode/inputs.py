@@ -4,7 +4,6 @@ the position limits of the models they must fit."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -15,7 +14,7 @@ from jaxspec.checks import is_int
 from jaxspec.nn.model import Transformer
 
 __all__ = ["PROMPT_BUCKET", "prepare_prompts", "check_stop", "resolve_stop_tokens", "stop_array", "check_prompt_bucket",
-           "bucket_width", "bucket_config", "position_limit"]
+           "bucket_width", "pad_prompts", "position_limit"]
 
 #: the default ``prompt_bucket`` of :func:`jaxspec.generate` and
 #: :func:`jaxspec.generate_autoregressive`: prompts padded to a multiple of 32 tokens share one
@@ -88,24 +87,38 @@ def check_stop(stop_tokens, vocab_size: int) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def resolve_stop_tokens(stop_tokens, target: Transformer) -> tuple[int, ...]:
+def resolve_stop_tokens(stop_tokens, target: Transformer, tokenizer=None) -> tuple[int, ...]:
     """The stop tokens of a generation, validated, sorted and de-duplicated: ``None`` (the
     default of :func:`generate` and :func:`generate_autoregressive`) means the target's
-    end-of-text ids, ``target.config.eos_token_ids`` (``()`` when its config has no
-    ``eos_token_id``); anything else is taken as given, so ``()`` turns stopping off (rows
-    then run to ``max_new_tokens``). ``jaxspec generate`` resolves its stop tokens here too."""
+    end-of-text ids, ``target.config.eos_token_ids``; where the config names none, the
+    end-of-text id of ``tokenizer``, the target's own tokenizer as read from its files (a
+    folder's ``tokenizer.json`` and ``tokenizer_config.json``, a GGUF file's; its ``eos_id``,
+    when it is in the vocabulary), and ``()`` without either. The byte-level tokenizer is no
+    model's own (every byte-level model shares its ids), so its ``eos_id`` is never taken.
+    Anything else is taken as given, so ``()`` turns stopping off (rows then run to
+    ``max_new_tokens``). ``jaxspec generate`` resolves its stop tokens here, with the
+    target's tokenizer."""
     if stop_tokens is None:
         stop_tokens = target.config.eos_token_ids
+        eos = getattr(tokenizer, "eos_id", None)
+        if not stop_tokens and is_int(eos) and 0 <= eos < target.config.vocab_size and not _byte_level(tokenizer):
+            stop_tokens = (eos,)
     return check_stop(stop_tokens, target.config.vocab_size)
 
 
+def _byte_level(tokenizer) -> bool:
+    from jaxspec.formats.tokenizer import ByteTokenizer  # noqa: PLC0415
+
+    return isinstance(tokenizer, ByteTokenizer)
+
+
 def position_limit(model) -> int | None:
-    """The most positions of a model (``config.max_position_embeddings``) or a drafter
-    (its optional ``max_positions``; ``None``: no limit)."""
-    config = getattr(model, "config", None)
-    if isinstance(getattr(config, "max_position_embeddings", None), int):
-        return config.max_position_embeddings
-    return getattr(model, "max_positions", None)
+    """The most positions of a model or a drafter: its config's ``max_position_embeddings``
+    (a :class:`~jaxspec.nn.model.Transformer`'s, a draft model's or a feature head's
+    :class:`~jaxspec.nn.config.ModelConfig`, a drafter's optional ``config``); ``None``
+    where there is no such config (no limit)."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return limit if is_int(limit) else None
 
 
 def stop_array(stop_tokens):
@@ -137,20 +150,12 @@ def bucket_width(width: int, bucket: int | None, room: int) -> int:
     return min(-(-width // bucket) * bucket, width + max(room, 0))
 
 
-def bucket_config(cfg, tokens: np.ndarray, models, prompt_bucket: int | None):
-    """``(cfg, tokens)`` for prompts ``tokens int32[B, P]`` right-padded with 0 to
-    :func:`bucket_width` columns and ``cfg`` (a :class:`SpecConfig` or :class:`ARConfig`
-    built for width ``P``) with its cache capacity grown by the same amount, within every
-    model of ``models``' ``max_position_embeddings``. Prompts of lengths in one bucket then
-    share one compiled program: without it, every new prompt length compiles anew (and a
-    process that meets many of them keeps one program per length). The padding columns
-    are past every row's length, as in a ragged batch, so the law of the tokens is the
-    same, and the tokens too up to the last bits of the longer attention sums."""
-    width = tokens.shape[1]
-    limits = [x for x in map(position_limit, models) if x is not None]
-    room = (min(limits) if limits else 2**31 - 1) - cfg.capacity
-    padded = bucket_width(width, prompt_bucket, room)
-    if padded == width:
-        return cfg, tokens
-    tokens = np.pad(tokens, ((0, 0), (0, padded - width)))
-    return dataclasses.replace(cfg, capacity=cfg.capacity + padded - width), tokens
+def pad_prompts(tokens: np.ndarray, width: int) -> np.ndarray:
+    """Prompts ``int32[B, P]`` right-padded with 0 to ``width >= P`` columns: the prompt
+    width a configuration compiles for (``SpecConfig.prompt_width``, chosen with its
+    capacity by :func:`~jaxspec.decode.config.build_config` from ``prompt_bucket``). The
+    padding columns are past every row's length, as in a ragged batch, so the law of the
+    tokens is the same, and the tokens too up to the last bits of the longer attention sums."""
+    if width == tokens.shape[1]:
+        return tokens
+    return np.pad(tokens, ((0, 0), (0, width - tokens.shape[1])))

@@ -20,6 +20,7 @@ from jaxspec.decode.drafter import Prompt
 from jaxspec.decode.result import GenerateResult
 from jaxspec.decode.round import (
     Emitted,
+    RoundInputs,
     RoundState,
     autoregressive_step,
     speculative_round,
@@ -138,10 +139,8 @@ def spec_body(cfg: SpecConfig, target, draft, row_keys, temperature, draft_tempe
 
     def body(lp: _SpecLoop) -> _SpecLoop:
         was_active = lp.st.emitted.active
-        st, res = speculative_round(
-            round_cfg, target, *draft, lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature,
-            stop_tokens,
-        )
+        st, res = speculative_round(round_cfg, RoundInputs(
+            target, draft[1], lp.st, _fold_all(row_keys, lp.rounds), temperature, draft_temperature, stop_tokens))
         rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, cfg.stat_depth)
         return _placed(cfg, target, draft, _SpecLoop(r=lp.r + 1, st=st, rounds=rounds, accepted=accepted))
 
@@ -230,10 +229,9 @@ def _queue_program(cfg: SpecConfig, target, draft, key, tokens, lens, temperatur
 
     def body(lp: _QueueLoop) -> _QueueLoop:
         was_active = lp.st.emitted.active
-        st, res = speculative_round(
-            round_cfg, target, *draft, lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature,
-            draft_temperature, stop_tokens,
-        )
+        st, res = speculative_round(round_cfg, RoundInputs(
+            target, draft[1], lp.st, _fold_all(prompt_keys[lp.slot], lp.rounds), temperature, draft_temperature,
+            stop_tokens))
         rounds, accepted = _count_round(lp.rounds, lp.accepted, was_active, res, stat_d)
         done = write(lp.done, was_active & ~st.emitted.active, st, rounds, accepted, lp.slot)
         st, rounds, accepted, slot, nxt = jax.lax.while_loop(can_refill, refill,

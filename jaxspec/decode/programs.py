@@ -35,13 +35,13 @@ __all__ = ["store_text", "compiled", "StreamPrograms", "compiled_stream"]
 def store_text(cfg: SpecConfig | ARConfig) -> str | None:
     """The text that keys ``cfg``'s programs in the program store
     (:mod:`jaxspec.decode.program_store`), or ``None`` where they are never stored: on a
-    mesh, or with round parts that are not the library's own functions (a caller's
+    mesh, or with a rule or round parts that are not the library's own functions (a caller's
     function is known only by its name, which another process may give another function)."""
     if cfg.mesh is not None:
         return None
     if isinstance(cfg, SpecConfig) and not (
             all(library_function_name(getattr(cfg.parts, f.name)) for f in dataclasses.fields(cfg.parts))
-            and type(cfg.draft_def).__module__.startswith("jaxspec.")):
+            and library_function_name(cfg.accept) and type(cfg.draft_def).__module__.startswith("jaxspec.")):
         return None  # a caller's function or drafter class is known only by its name
     return static_text(cfg)
 

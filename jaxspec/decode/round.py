@@ -22,9 +22,10 @@ a draft worth verifying (``has_draft``), the round runs one target step instead 
 ``verify`` and ``accept`` (a ``lax.cond`` whose choice reads only what the drafter saw, never
 the round's acceptance randomness).
 
-The replaceable steps form :class:`RoundParts`; its defaults are the library's own.
-A researcher replaces one to try an idea, and :mod:`jaxspec.exactness.mutants` replaces
-one to break the decoder on purpose::
+The acceptance step is the function of ``rule=`` (:class:`RoundConfig` ``accept``); the
+other replaceable steps form :class:`RoundParts`, whose defaults are the library's own. A
+researcher replaces one to try an idea, and :mod:`jaxspec.exactness.mutants` replaces one
+(or the rule) to break the decoder on purpose::
 
     import jax.numpy as jnp
     from jaxspec.decode.round import RoundParts
@@ -60,6 +61,7 @@ from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 __all__ = [
     "RoundParts",
     "RoundConfig",
+    "RoundInputs",
     "RoundState",
     "Emitted",
     "tree_verify_mask",
@@ -105,17 +107,15 @@ def commit_path(cache: KVCache, accepted_nodes, num) -> KVCache:
 
 @dataclasses.dataclass(frozen=True)
 class RoundParts:
-    """The replaceable steps of :func:`speculative_round` (hashable; part of the compiled
-    configuration, so pass the same functions to reuse a compilation).
+    """The replaceable steps of :func:`speculative_round` besides the acceptance rule
+    (hashable; part of the compiled configuration, so pass the same functions to reuse a
+    compilation). The acceptance step is set one way only, by ``rule=`` (a built-in name or
+    a function: :mod:`jaxspec.core.rules`), and travels in :class:`RoundConfig` ``accept``.
 
     Attributes:
       verify_mask: ``bool[..., N + 1, N + 1] -> bool[..., N + 1, N + 1]``: given the
                    ancestor-or-self mask over ``[root] + nodes`` (``[B, ...]`` for dynamic
                    trees), the mask the target's verification forward uses.
-      accept:      ``(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
-                   draft_probs float32[N + 1, V], scheme) -> AcceptResult`` for one row,
-                   with the conventions of :func:`jaxspec.speculative_accept` (pure, no input
-                   checks; vmapped over rows).
       commit:      ``(cache, accepted_nodes int32[B, N], num int32[B]) -> cache``, applied to
                    the target's cache and handed to the drafter's ``commit`` (a draft model
                    applies it to its own cache; a feature head keeps its own layout): which
@@ -129,7 +129,6 @@ class RoundParts:
     """
 
     verify_mask: Callable = tree_verify_mask
-    accept: Callable = accept_core
     commit: Callable = commit_path
     keys: Callable = split_round_keys
     draw: Callable = sampling.draw
@@ -138,12 +137,20 @@ class RoundParts:
 @dataclasses.dataclass(frozen=True)
 class RoundConfig:
     """The static description of a round (hashable): the tree, the sibling scheme, the
-    static halves of the target's and the draft's warps, and the parts."""
+    static halves of the target's and the draft's warps, the drafter (its params travel in
+    :class:`RoundInputs`), the acceptance step and the other parts.
+
+    ``accept``: ``(key, parents int32[N], tokens int32[N], target_probs float32[N + 1, V],
+    draft_probs float32[N + 1, V], scheme) -> AcceptResult`` for one row, with the
+    conventions of :func:`jaxspec.speculative_accept` (pure, no input checks; vmapped over
+    rows): the function of ``rule=`` (:func:`jaxspec.core.rules.check_rule`)."""
 
     tree: StaticTree | DynamicTree
     scheme: str
     target_warp: Warp
     draft_warp: Warp
+    drafter: Drafter
+    accept: Callable = accept_core
     parts: RoundParts = RoundParts()
 
 
@@ -198,27 +205,47 @@ class RoundState(NamedTuple):
     emitted: Emitted
 
 
-def speculative_round(
-    cfg: RoundConfig, target, drafter: Drafter, dparams, state: RoundState, keys, temperature, draft_temperature,
-    stop_tokens,
-) -> tuple[RoundState, AcceptResult]:
+class RoundInputs(NamedTuple):
+    """What one call of :func:`speculative_round` reads besides its static
+    :class:`RoundConfig` (a pytree of arrays, and the target module).
+
+    Attributes:
+      target: the target :class:`~jaxspec.nn.model.Transformer` (merged from its state).
+      dparams: the drafter's params (:class:`~jaxspec.decode.drafter.Drafter`; ``None`` for a
+        drafter without arrays).
+      state: the :class:`RoundState`; finished rows (``state.emitted.active`` False) run the
+        same computation (static shapes) but commit and emit nothing.
+      keys: ``[B]`` keys of this round, one per row; each is split (``parts.keys``) into a
+        draft key (one ``fold_in`` per tree row) and an acceptance key.
+      temperature: the target's temperature, a traced float32 scalar.
+      draft_temperature: the draft's, likewise.
+      stop_tokens: ``int32[n]``, -1 padded.
+    """
+
+    target: Any
+    dparams: Any
+    state: RoundState
+    keys: jax.Array
+    temperature: jax.Array
+    draft_temperature: jax.Array
+    stop_tokens: jax.Array
+
+
+def speculative_round(cfg: RoundConfig, inputs: RoundInputs) -> tuple[RoundState, AcceptResult]:
     """One round for every row: propose, verify, accept, commit, emit.
 
     Args:
-      cfg: the static :class:`RoundConfig`.
-      target: the target :class:`~jaxspec.nn.model.Transformer`.
-      drafter, dparams: the :class:`~jaxspec.decode.drafter.Drafter` and its params.
-      state: the :class:`RoundState`; finished rows (``state.emitted.active`` False) run
-        the same computation (static shapes) but commit and emit nothing.
-      keys: ``[B]`` keys of this round, one per row; each is split (``cfg.parts.keys``)
-        into a draft key (one ``fold_in`` per tree row) and an acceptance key.
-      temperature, draft_temperature: traced float32 scalars.
-      stop_tokens: ``int32[n]`` (-1 padded).
+      cfg: the static :class:`RoundConfig` (tree, scheme, warps, drafter, acceptance step,
+        parts).
+      inputs: the call's :class:`RoundInputs` (target, drafter params, loop state, keys,
+        temperatures, stop tokens).
 
     Returns:
       the next :class:`RoundState` and the batched :class:`~jaxspec.AcceptResult`
       (``tokens int32[B, N + 1]``, ``num_tokens int32[B]``, ...) of the round.
     """
+    target, dparams, state, keys, temperature, draft_temperature, stop_tokens = inputs
+    drafter = cfg.drafter
     parts = cfg.parts
     b = state.root.shape[0]
     n = cfg.tree.num_nodes
@@ -245,7 +272,7 @@ def speculative_round(
 
         with jax.named_scope("accept"):
             def accept_row(k, par, toks, tp, dp):
-                return parts.accept(k, par, toks, tp, dp, cfg.scheme)
+                return cfg.accept(k, par, toks, tp, dp, cfg.scheme)
 
             res = jax.vmap(accept_row, in_axes=(0, None if prop.parents is None else 0, 0, 0, 0))(
                 k_acc, parents, node_tokens, target_probs, draft_probs

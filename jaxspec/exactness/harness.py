@@ -90,8 +90,8 @@ from jaxspec.core.settings import Sampling, check_sampling
 from jaxspec.core.treespec import DynamicTree
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
-from jaxspec.decode.drafter import DraftRequest
 from jaxspec.decode.output_checks import check_drafter_output
+from jaxspec.decode.config import default_tree
 from jaxspec.decode.round import RoundParts
 from jaxspec.exactness import mutants, stats
 from jaxspec.exactness.exact_laws import (
@@ -197,30 +197,28 @@ GREEDY_SCOPE = ("temperature 0: the target law is one cell (the greedy sequence)
                 "causal-mask mutants) pass it. Run at a temperature > 0 to test the sampling law.")
 
 
-def _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule="token", parts=None,
-           prompt_bucket=None) -> _Setup:
+def _setup(target, drafter, prompt, horizon, tree, scheme, sampling, draft_sampling, rule="token", parts=None,
+           prompt_bucket=None, mesh=None) -> _Setup:
     """What :func:`jaxspec.generate` (``max_new_tokens = horizon``, and ``1`` for the
     first-round run) and :func:`jaxspec.generate_autoregressive` compile for copies of
     ``prompt``: built, and validated, by :func:`jaxspec.decode.generate.build_config` (once:
-    the first-round configuration is the same with a budget of 1) and
-    :func:`~jaxspec.decode.generate.build_ar_config`, then padded to ``prompt_bucket``
-    (:func:`~jaxspec.decode.generate.bucket_config`; ``None``: the prompt's own width, what
+    the first-round configuration is the same with a budget of 1, the first round of the
+    same program) and :func:`~jaxspec.decode.generate.build_ar_config`, with the prompt
+    padded to ``prompt_bucket`` (``None``: the prompt's own width, what
     ``generate(..., prompt_bucket=None)`` compiles)."""
-    settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, sampling=sampling, draft_sampling=draft_sampling)
+    settings = dict(tree=tree, scheme=scheme, rule=rule, parts=parts, sampling=sampling, draft_sampling=draft_sampling,
+                    prompt_bucket=prompt_bucket, mesh=mesh)
     t = len(prompt)
-    spec_cfg, t_temp, d_temp = gen.build_config(target, draft, prompt_length=t, max_new_tokens=horizon, **settings)
+    spec_cfg, t_temp, d_temp = gen.build_config(target, drafter, prompt_length=t, max_new_tokens=horizon, **settings)
     # the first-round run differs only in its budget (and so its cache, by the same amount)
     first_cfg = dataclasses.replace(spec_cfg, max_new_tokens=1, capacity=spec_cfg.capacity - (spec_cfg.max_new_tokens - 1))
-    ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, sampling=sampling)
-    one = np.zeros((1, t), np.int32)
-    (spec_cfg, spec_tok), (first_cfg, first_tok) = (gen.bucket_config(c, one, (target, draft), prompt_bucket)
-                                                    for c in (spec_cfg, first_cfg))
-    ar_cfg, ar_tok = gen.bucket_config(ar_cfg, one, (target,), prompt_bucket)
+    ar_cfg, _ = gen.build_ar_config(target, prompt_length=t, max_new_tokens=horizon, sampling=sampling,
+                                    prompt_bucket=prompt_bucket, mesh=mesh)
     t_warp, d_warp = spec_cfg.target_warp, spec_cfg.draft_warp
     return _Setup(spec_cfg, first_cfg, ar_cfg, t_temp, d_temp,
                   dict(temperature=t_temp, top_k=t_warp.top_k, top_p=t_warp.top_p, min_p=t_warp.min_p),
                   dict(temperature=d_temp, top_k=d_warp.top_k, top_p=d_warp.top_p, min_p=d_warp.min_p),
-                  {"spec": spec_tok.shape[1], "first": first_tok.shape[1], "ar": ar_tok.shape[1]})
+                  {"spec": spec_cfg.prompt_width, "first": first_cfg.prompt_width, "ar": ar_cfg.prompt_width})
 
 
 # --------------------------------------------------------------------------- verify
@@ -313,8 +311,9 @@ def verify(
         a draft model, a feature head, or any drafter of the :class:`~jaxspec.Drafter`
         protocol, as :func:`jaxspec.generate` takes.
       tree, scheme, rule, sampling, draft_sampling: as in :func:`jaxspec.generate`,
-        with its defaults (``tree=None``: :data:`DEFAULT_TREE`, or with a ``mutant`` the
-        configuration it breaks, :data:`MUTANT_CONFIG`).
+        with its defaults (``tree=None``: the drafter's own ``tree``, else
+        :data:`DEFAULT_TREE`, or with a ``mutant`` the configuration it breaks,
+        :data:`MUTANT_CONFIG`).
         ``rule`` may be a function with the signature of
         :func:`jaxspec.core.acceptance.accept_core` (your own rule): it is sampled and
         tested like the built-in ones; its acceptance is observed, not compared with an
@@ -329,9 +328,10 @@ def verify(
       seed: sampling seed (the default models are fixed).
       mutant: a name in :data:`jaxspec.exactness.mutants.MUTANTS`: run a deliberately broken decoder.
       parts: a round with replaced steps (:class:`~jaxspec.decode.round.RoundParts`, as in
-        :func:`jaxspec.generate`): test your own verification mask, acceptance rule or
-        commit. The acceptance test compares with the token-level rule's exact
-        expectation; pass ``check_acceptance=False`` for a rule meant to accept differently.
+        :func:`jaxspec.generate`): test your own verification mask, commit, key split or
+        draft draws (your own acceptance step is ``rule=``). The acceptance test compares
+        with the rule's exact expectation; pass ``check_acceptance=False`` for parts meant
+        to accept differently.
       alpha: family-wise error rate, split over the tests by Bonferroni.
       check_acceptance: also run one-round decoding and test acceptance per depth (the
         enumeration path; the sampled path reports the speculative run's acceptance per
@@ -394,15 +394,16 @@ class _Run:
     """One verification's validated inputs and compiled configurations."""
 
     target: Transformer
-    draft: object
+    draft: object  # as given
+    drafter: object  # as_drafter(draft): the drafter and its params
+    dparams: object
     tree: object  # as given (a spec string is reported as written)
-    rule: object
+    rule: object  # as reported (a mutant's: the rule it breaks)
     prompt: tuple[int, ...]
     horizon: int
     num_samples: int
     seed: int
     mutant: str | None
-    user_accept: bool  # the caller replaced the acceptance step (parts.accept)
     prompt_bucket: int | None
     setup: _Setup
     mesh: object
@@ -426,20 +427,31 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
     num_samples = _check_count("num_samples", num_samples)
     seed = _check_count("seed", seed, minimum=0)
     stats.check_alpha(alpha, "alpha")
-    user_accept = parts is not None and getattr(parts, "accept", None) is not RoundParts().accept
+    drafter, dparams = as_drafter(draft)  # once, here: the configuration takes the drafter
+    accept = rule  # what the round runs (a mutant's own acceptance step), rule what is reported
     if mutant is not None:
         mutants.check_mutant(mutant)
         if parts is not None:
-            raise ValueError("mutant/parts: pass one of them (a mutant is a RoundParts of its own)")
+            raise ValueError("mutant/parts: pass one of them (a mutant brings its own parts)")
+        broken, own = mutants.MUTANT_RULE[mutant], mutants.mutant_rule(mutant)
+        if own is not None and not (isinstance(rule, str) and rule in (rules.AUTO, broken)):
+            raise ValueError(f"rule = {rules.rule_name(rule)!r} and mutant = {mutant!r}: the mutant is an acceptance "
+                             f"step of its own (a broken {broken!r} rule); expected rule 'auto' or {broken!r}")
         parts = mutants.round_parts(mutant)
-        if isinstance(rule, str) and rule == rules.AUTO and mutants.MUTANT_RULE[mutant] == "token":
-            rule = "token"  # a mutant runs with the rule it breaks (the others replace the acceptance step)
+        if isinstance(rule, str) and rule == rules.AUTO:
+            rule = broken  # a mutant runs with the rule it breaks
+        accept = rule if own is None else own
     if tree is None:  # generate's default, or the configuration the mutant breaks
-        tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else (DEFAULT_TREE, None)
+        tree, mutant_scheme = MUTANT_CONFIG[mutants.MUTANT_RULE[mutant]] if mutant is not None else \
+            (default_tree(drafter), None)
         scheme = mutant_scheme if scheme is None else scheme
     prompt = _check_prompt(DEFAULT_PROMPT if prompt is None else prompt, v)
     method, method_reason = choose_method(method, check_sampling("sampling", sampling, Sampling()), v, horizon)
-    setup = _setup(target, draft, prompt, horizon, tree, scheme, sampling, draft_sampling, rule, parts, prompt_bucket)
+    if mesh is not None and devices is not None:
+        raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")
+    mesh = None if mesh is None else sharding.full_mesh(mesh)  # checked with the configuration, drafter included
+    setup = _setup(target, drafter, prompt, horizon, tree, scheme, sampling, draft_sampling, accept, parts,
+                   prompt_bucket, mesh)
     if mutant is not None and mutants.MUTANT_RULE[mutant] != "token":
         label = mutants.MUTANT_RULE[mutant]
         kinds = ("chain",) if label == "block" else ("chain", "tree")
@@ -454,23 +466,18 @@ def _prepare(target, draft, tree, scheme, rule, sampling, draft_sampling, prompt
     chunk = (default_chunk(devices, target, draft, setup.spec_cfg.num_nodes, horizon) if chunk_size is None
              else _check_count("chunk_size", chunk_size))
     chunk = min(chunk, num_samples)  # never the device count: counts depend on (seed, chunk) only
-    return _Run(target, draft, tree, rule, prompt, horizon, num_samples, seed, mutant, user_accept, prompt_bucket,
+    return _Run(target, draft, drafter, dparams, tree, rule, prompt, horizon, num_samples, seed, mutant, prompt_bucket,
                 setup, mesh, devices, chunk, method, method_reason)
 
 
 
 def _placement(setup: _Setup, target, mesh, devices) -> tuple[_Setup, object, tuple]:
-    """The devices the blocks run on: ``devices`` (a 1-D mesh), or ``mesh`` (its ``data``
-    axis; its ``model`` axis splits each block's forwards as generate splits them)."""
-    if mesh is not None:
-        if devices is not None:
-            raise ValueError("devices/mesh: pass one of them (a mesh names its devices)")
-        mesh = sharding.full_mesh(mesh)
-        sharding.check_model_on_mesh("target", target.config, mesh)
-        cfg = setup.spec_cfg
-        cfg.draft_def.check(target, DraftRequest(cfg.tree, cfg.scheme, mesh, None))  # the drafter's own refusals
+    """The devices the blocks run on: ``devices`` (a 1-D mesh), or ``mesh`` (already full,
+    :func:`jaxspec.nn.sharding.full_mesh`: its ``data`` axis; its ``model`` axis splits each
+    block's forwards as generate splits them)."""
+    if mesh is not None:  # the configurations were built on it (build_config checked it, the drafter's part too)
         devices = tuple(mesh.devices.flat)
-        setup = dataclasses.replace(setup, **{f: dataclasses.replace(getattr(setup, f), mesh=mesh, split_rows=False)
+        setup = dataclasses.replace(setup, **{f: dataclasses.replace(getattr(setup, f), split_rows=False)
                                               for f in ("spec_cfg", "first_cfg", "ar_cfg")})
     devices = tuple(jax.devices() if devices is None else devices)
     if not devices:
@@ -495,8 +502,6 @@ def _acceptance_expectation(run: _Run, timings: dict) -> tuple[np.ndarray | None
         return None, "acceptance expectation not enumerated for dynamic trees (observed only)"
     if not isinstance(run.draft, nnx.Module):
         return None, "acceptance expectation not enumerated for a drafter other than a model (observed only)"
-    if run.user_accept:
-        return None, "acceptance expectation not enumerated for a replaced acceptance step (observed only)"
     if label not in ("token", "block"):
         return None, f"acceptance expectation not enumerated for rule {label!r} (observed only)"
     t0 = time.perf_counter()
@@ -515,7 +520,7 @@ def _draw(run: _Run, law: ExactLaw | None, check_acceptance: bool, progress: boo
     ``law`` (the sampled path) the speculative and target-only runs keep their tokens
     (``samples`` int32[S, L]) instead of joint cells."""
     setup, spec_cfg = run.setup, run.setup.spec_cfg
-    states = (nnx.split(run.target)[1], as_drafter(run.draft)[1])  # the draft's params (None for a drafter without)
+    states = (nnx.split(run.target)[1], run.dparams)  # the draft's params (None for a drafter without)
     check_drafter_output(spec_cfg.draft_def, states[1], run.target, tree=spec_cfg.tree, scheme=spec_cfg.scheme,
                          warp=spec_cfg.draft_warp, batch=run.chunk, width=setup.widths["spec"],
                          capacity=spec_cfg.capacity, budget=spec_cfg.max_new_tokens)

@@ -3,8 +3,8 @@
 A harness that cannot fail proves nothing (docs/DESIGN.md §4). Each mutant is the real decoder
 of :func:`jaxspec.generate` with exactly one piece replaced by a classic bug of §2, so a
 user can watch :func:`jaxspec.exactness.verify` reject it. Nothing here is on the main
-decode path: :func:`round_parts` returns a *separate* :class:`~jaxspec.decode.round.RoundParts`,
-leaving the library's own parts untouched.
+decode path: :func:`decoder` returns a rule and a *separate*
+:class:`~jaxspec.decode.round.RoundParts`, leaving the library's own untouched.
 
 =====================  ================================================= =================
 name                   the bug                                           needs
@@ -42,15 +42,17 @@ row-leak               in a batch, each odd row's acceptance key is its  T > 0, 
                        independent (the harness's row-pair tests)
 =====================  ================================================= =================
 
-How they plug in: each is a :class:`~jaxspec.decode.round.RoundParts` with one part
-replaced (:func:`round_parts`), passed as ``parts=`` to :func:`jaxspec.generate` or
-:func:`jaxspec.verify`: ``causal-mask`` replaces ``verify_mask``; ``bonus-kv-slot``
-replaces ``commit``; the other four replace ``accept`` (``depth-row`` and
-``warp-mismatch`` hand the library's rule the wrong rows; ``no-residual-update`` and
-``reused-uniform`` are rules of their own); ``draft-precision`` replaces ``draw`` (the
-drafter's draw of one row's children); ``row-leak`` replaces ``keys`` (the split of each
-row's round key); ``draft-noise-reuse`` replaces ``keys`` (the rule is handed the row's draft
-key beside its acceptance key) and ``accept`` (which rebuilds the draft's noise from it).
+How they plug in: :func:`decoder` gives the arguments of :func:`jaxspec.generate` or
+:func:`jaxspec.verify` that make a mutant, ``rule=`` and ``parts=``. Eight are acceptance
+steps of their own, passed as ``rule=`` (:func:`mutant_rule`; ``depth-row`` and
+``warp-mismatch`` hand the library's rule the wrong rows; ``no-residual-update``,
+``reused-uniform`` and the block and traversal mutants are rules of their own); the others
+replace one :class:`~jaxspec.decode.round.RoundParts` step (:func:`round_parts`):
+``causal-mask`` replaces ``verify_mask``; ``bonus-kv-slot`` replaces ``commit``;
+``draft-precision`` replaces ``draw`` (the drafter's draw of one row's children);
+``row-leak`` replaces ``keys`` (the split of each row's round key); ``draft-noise-reuse``
+replaces ``keys`` (the rule is handed the row's draft key beside its acceptance key) and is
+a rule (which rebuilds the draft's noise from it).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ from jaxspec.core.token_rule import accept_core, choose_path
 from jaxspec.core.traversal import traversal_with_update
 from jaxspec.decode.round import RoundParts, commit_path, split_round_keys
 
-__all__ = ["MUTANTS", "MUTANT_RULE", "DRAW_MUTANTS", "describe", "round_parts", "check_mutant"]
+__all__ = ["MUTANTS", "MUTANT_RULE", "DRAW_MUTANTS", "describe", "decoder", "round_parts", "mutant_rule",
+           "check_mutant"]
 
 MUTANTS = (
     "no-residual-update", "depth-row", "causal-mask", "reused-uniform", "warp-mismatch", "bonus-kv-slot",
@@ -322,22 +325,50 @@ def _keys_leak(keys):
     return k_draft, k_acc[(jnp.arange(b) // 2) * 2]
 
 
+#: the mutants that are acceptance steps of their own: passed as ``rule=`` (the one way to
+#: set a round's acceptance step)
+_RULES = {
+    "no-residual-update": _accept_no_residual_update,
+    "reused-uniform": _accept_reused_uniform,
+    "depth-row": _accept_depth_rows,
+    "warp-mismatch": _accept_sharpened_q,
+    "block-unclipped": _accept_block_unclipped,
+    "block-first-failure": _accept_block_first_failure,
+    "block-token-residual": _accept_block_token_residual,
+    "traversal-parent-update": _accept_traversal_parent_update,
+    "draft-noise-reuse": _accept_draft_noise_reuse,
+}
+
+#: the mutants that replace another step of the round: its :class:`RoundParts`
+_PARTS = {
+    "causal-mask": RoundParts(verify_mask=_causal),
+    "bonus-kv-slot": RoundParts(commit=_commit_one_short),
+    "draft-noise-reuse": RoundParts(keys=_keys_with_draft_key),  # and its rule, which reads the draft key
+    "draft-precision": RoundParts(draw=_draw_bfloat16),
+    "row-leak": RoundParts(keys=_keys_leak),
+}
+
+
 def round_parts(name: str) -> RoundParts:
-    """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's
-    parts with exactly one replaced (``generate(..., parts=round_parts(name))``)."""
-    check_mutant(name)
-    return {
-        "no-residual-update": RoundParts(accept=_accept_no_residual_update),
-        "reused-uniform": RoundParts(accept=_accept_reused_uniform),
-        "causal-mask": RoundParts(verify_mask=_causal),
-        "depth-row": RoundParts(accept=_accept_depth_rows),
-        "warp-mismatch": RoundParts(accept=_accept_sharpened_q),
-        "bonus-kv-slot": RoundParts(commit=_commit_one_short),
-        "block-unclipped": RoundParts(accept=_accept_block_unclipped),
-        "block-first-failure": RoundParts(accept=_accept_block_first_failure),
-        "block-token-residual": RoundParts(accept=_accept_block_token_residual),
-        "traversal-parent-update": RoundParts(accept=_accept_traversal_parent_update),
-        "draft-noise-reuse": RoundParts(keys=_keys_with_draft_key, accept=_accept_draft_noise_reuse),
-        "draft-precision": RoundParts(draw=_draw_bfloat16),
-        "row-leak": RoundParts(keys=_keys_leak),
-    }[name]
+    """The :class:`~jaxspec.decode.round.RoundParts` of mutant ``name``: the library's parts,
+    with the mutant's replaced where it replaces one (a mutant that only replaces the
+    acceptance step has the library's parts: see :func:`mutant_rule`)."""
+    return _PARTS.get(check_mutant(name), RoundParts())
+
+
+def mutant_rule(name: str):
+    """The acceptance step of mutant ``name``, a function to pass as ``rule=``; ``None``
+    for a mutant that keeps the library's rules (it replaces a part)."""
+    return _RULES.get(check_mutant(name))
+
+
+def decoder(name: str) -> dict:
+    """The arguments of :func:`jaxspec.generate` (and :func:`jaxspec.verify`) that make the
+    decoder of mutant ``name``: ``rule`` (its acceptance step, or the built-in rule it
+    breaks, :data:`MUTANT_RULE`) and ``parts`` (:func:`round_parts`)::
+
+        jaxspec.generate(key, target, draft, prompts, max_new_tokens=8, tree="branch:2,2",
+                         **mutants.decoder("depth-row"))
+    """
+    own = mutant_rule(name)
+    return {"rule": MUTANT_RULE[name] if own is None else own, "parts": round_parts(name)}

@@ -16,12 +16,12 @@ from flax import nnx
 from jaxspec.checks import is_int
 from jaxspec.core import rules
 from jaxspec.core.sampling import check_scheme
-from jaxspec.core.settings import Sampling, check_sampling, draft_law
+from jaxspec.core.settings import Sampling, check_draft_sampling, check_sampling, draft_law
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.draft import ModelDraft
 from jaxspec.decode.round import (
     RoundConfig,
-    RoundParts,
+    RoundInputs,
     RoundState,
     autoregressive_step,
     speculative_round,
@@ -139,13 +139,12 @@ def measure_round_cost(
         )
     loops, repeats = check_positive("loops", loops), check_positive("repeats", repeats)
     law = check_sampling("sampling", sampling, Sampling())
-    dlaw = draft_law(scheme, law, check_sampling("draft_sampling", draft_sampling))
-    # the acceptance step generate's build_config puts in RoundParts for this rule and tree
-    parts = RoundParts(accept=rules.check_rule(rule, scheme, tree))
-    round_cfg = RoundConfig(tree, scheme, law.warp, dlaw.warp, parts)
-    t_warp = round_cfg.target_warp
+    dlaw = draft_law(scheme, law, check_draft_sampling(draft_sampling))
     tdef, tstate = nnx.split(target)
     drafter, dstate = ModelDraft.of(draft)
+    # the acceptance step generate's build_config resolves for this rule and tree
+    round_cfg = RoundConfig(tree, scheme, law.warp, dlaw.warp, drafter, rules.check_rule(rule, scheme, tree))
+    t_warp = round_cfg.target_warp
     length = cap - n - 2  # root + N nodes written at slots length .. length + N
     full_mask = tree.full_mask  # [N + 1, N + 1]
     depth_full = full_mask.sum(axis=1) - 1  # [N + 1], root 0
@@ -163,7 +162,7 @@ def measure_round_cost(
         def body(i, carry):
             st, total = carry
             keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys)
-            st, res = speculative_round(round_cfg, tm, drafter, dstate, st, keys, temp, dtemp, no_stop)
+            st, res = speculative_round(round_cfg, RoundInputs(tm, dstate, st, keys, temp, dtemp, no_stop))
             # back to the same fill: every timed round attends over the same cache
             st = st._replace(tcache=st.tcache.replace(lengths=tcache0.lengths),
                              dstate=st.dstate.replace(lengths=dcache0.lengths))
