@@ -502,7 +502,10 @@ def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
     from jaxspec.cli import main
 
     target, draft = _pair(tmp_path, draft_vocab=48)
-    argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "ab", "--max-new-tokens", "2"]
+    for folder in (target, draft):  # one tokenizer: the models differ in their vocab_size alone
+        _write_tokenizer(folder, _WORDS)
+    argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def f", "--max-new-tokens", "2"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "vocab_size 48 differs from the target's 40" in err and "Traceback" not in err
+    # the library's refusal (the drafter's check), named by the flag and its value
+    assert f"--draft {draft}: vocab_size = 48; expected the target's vocab_size = 40" in err and "Traceback" not in err

@@ -240,8 +240,8 @@ def test_no_warmup_generates_once_and_says_the_timing_includes_compilation(capsy
     from jaxspec.decode import generate as gen  # the command imports it from there when it runs
 
     calls = []
-    real = gen.generate_autoregressive
-    monkeypatch.setattr(gen, "generate_autoregressive", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = gen.Prepared.run  # the command prepares each mode once, then runs it per call
+    monkeypatch.setattr(gen.Prepared, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
     common = ["--prompt", "import os\n", "--max-new-tokens", "12", "--baseline", "--seed", "5"]
     code, out, err = _run(capsys, *common, "--json")
     assert code == 0, err

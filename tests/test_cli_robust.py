@@ -423,13 +423,13 @@ def _prompt_ids(monkeypatch, capsys, argv):
     import jaxspec.decode.generate as gen
     from jaxspec.exactness import harness
 
-    def stop_generate(key, target, draft, prompts, **kw):
+    def stop_generate(target, draft, prompts, **kw):
         raise _Stop(list(prompts[0]))
 
     def stop_verify(target, draft, *, prompt, **kw):
         raise _Stop(list(prompt))
 
-    monkeypatch.setattr(gen, "generate", stop_generate)
+    monkeypatch.setattr(gen, "prepare", stop_generate)  # the command prepares its generation once
     monkeypatch.setattr(harness, "verify", stop_verify)
     try:
         code = main(argv)

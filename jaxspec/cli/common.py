@@ -34,7 +34,7 @@ __all__ = [
     "Command", "CLIError", "Handler", "command", "arg_type", "check_output_dir", "load_flag_model", "is_head_flag",
     "warn_if_head_for_another_target",
     "positive_int", "nonneg_int", "positive_float", "nonneg_float", "unit_float", "seed_int",
-    "utf8_text", "resolve_tokenizer", "check_tokenizer_fits", "FLAGS", "in_flags", "flag_sampling",
+    "utf8_text", "resolve_tokenizer", "check_tokenizer_fits", "FLAGS", "in_flags", "in_flag_words", "flag_sampling",
     "jax_platform_failure",
 ]
 
@@ -161,6 +161,18 @@ def in_flags(e, args: argparse.Namespace | None = None, flags: dict[str, str] | 
         return f"{flag} {shown}"
 
     return e.render(name_value)
+
+
+def in_flag_words(e: ValueError, args: argparse.Namespace) -> str:
+    """A library ``ValueError`` that names a model argument (``draft: vocab_size = 48;
+    expected the target's vocab_size = 40``) in the command line's words: the argument as
+    its flag and the value the flag was given (``--draft models/d: vocab_size = 48; ...``);
+    any other message as it is."""
+    msg = str(e)
+    for name, flag in (("draft", "--draft"), ("target", "--target")):
+        if msg.startswith(f"{name}: ") and getattr(args, name, None) is not None:
+            return f"{flag} {getattr(args, name)}: {msg[len(name) + 2:]}"
+    return msg
 
 
 def flag_sampling(temperature, top_k, top_p, min_p, prefix: str = ""):

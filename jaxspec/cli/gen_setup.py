@@ -115,33 +115,43 @@ def default_draft_and_tree(args, default_tree: str) -> None:
         args.tree = tree if own and args.draft == draft and tree else default_tree
 
 
-def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
-    """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
-    context of the target (and of the draft): the KV cache holds the prompt, the new
-    tokens and, when speculating, the tree's slots + 1 (as :func:`jaxspec.decode.generate.build_config`).
-    ``--tree auto`` checks the prompt here and its budgets in :func:`_auto_tree`."""
-    limits = {"target": target.config.max_position_embeddings}
-    if draft is not None and hasattr(draft, "config"):  # not an n-gram draft: a model with a context
-        limits["draft"] = draft.config.max_position_embeddings
+def _context(target, draft) -> tuple[int, str]:
+    """The smallest position limit of the models (the library's rule,
+    :func:`jaxspec.decode.inputs.position_limit`) and the words naming whose it is."""
+    from jaxspec.decode.inputs import position_limit
+
+    limits = {name: n for name, m in (("target", target), ("draft", draft))
+              if m is not None and (n := position_limit(m)) is not None}  # an n-gram draft has none
     ctx = min(limits.values())
     whose = " and the ".join(f"{name}'s" for name, n in limits.items() if n == ctx)
-    context = f"the {whose} context of {ctx} tokens (max_position_embeddings)"
+    return ctx, f"the {whose} context of {ctx} tokens (max_position_embeddings)"
+
+
+def check_room(args, prompt_len: int, target, draft, tree, auto: bool) -> None:
+    """Refuse, before compiling, a prompt and ``--max-new-tokens`` that do not fit the
+    context of the target (and of the draft), with the library's capacity rule
+    (:func:`jaxspec.decode.config.cache_capacity`: the prompt, the new tokens and, when
+    speculating, the tree's slots + 1), in the flags' words. ``--tree auto`` checks the
+    prompt here and its budgets in :func:`auto_tree_for`."""
+    from jaxspec.decode.config import cache_capacity, speculation_slots
+
+    ctx, context = _context(target, draft)
     if draft is None:  # --baseline: prompt + new tokens
-        reserve, tree_words = 0, ""
+        spec, tree_words = None, ""
     elif auto:  # the smallest candidate tree
         from jaxspec.tuning.autotree import DEFAULT_BUDGETS
 
-        smallest = min(args.auto_budgets or DEFAULT_BUDGETS)
-        reserve, tree_words = smallest + 1, f"the smallest --tree auto candidate ({smallest} nodes + 1)"
+        spec = min(args.auto_budgets or DEFAULT_BUDGETS)
+        tree_words = f"the smallest --tree auto candidate ({spec} nodes + 1)"
     else:
-        slots = tree.cache_slots
-        reserve, tree_words = slots + 1, f"--tree {args.tree} ({slots} slots + 1)"
-        if ctx - reserve < 2:  # not even a 1-token prompt and one new token fit
+        spec, slots = tree, speculation_slots(tree) - 1
+        tree_words = f"--tree {args.tree} ({slots} slots + 1)"
+        if cache_capacity(1, 1, tree) > ctx:  # not even a 1-token prompt and one new token fit
             raise CLIError(
                 f"--tree {args.tree}: {slots} tree slots + 1; expected at most {ctx - 3} slots, so that the "
                 f"tree, a 1-token prompt and one new token fit {context}"
             )
-    room = ctx - prompt_len - reserve  # the most new tokens that fit
+    room = ctx - cache_capacity(prompt_len, 0, spec)  # the most new tokens that fit
     if room < 1:
         parts = "the prompt, at least one new token and " + tree_words if tree_words else \
             "the prompt and at least one new token"
@@ -192,12 +202,14 @@ def auto_tree_for(args, target, draft, tok, prompt_len: int, sampling):
     from jaxspec.formats.tokenizer import ByteTokenizer
     from jaxspec.tuning.autotree import DEFAULT_BUDGETS, auto_tree
 
-    ctx = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    from jaxspec.decode.config import cache_capacity
+
+    ctx = _context(target, draft)[0]
     asked = args.auto_budgets or DEFAULT_BUDGETS
-    room = ctx - prompt_len - args.max_new_tokens - 1  # generate's cache: prompt + new + N + 1
-    budgets = tuple(sorted({n for n in asked if n <= room}))
+    room = ctx - cache_capacity(prompt_len, args.max_new_tokens, 0)  # the nodes generate's cache has room for
+    budgets = tuple(sorted({n for n in asked if cache_capacity(prompt_len, args.max_new_tokens, n) <= ctx}))
     if not budgets:
-        most = ctx - prompt_len - 1 - min(asked)  # the most new tokens with the smallest budget
+        most = ctx - cache_capacity(prompt_len, 0, min(asked))  # the most new tokens with the smallest budget
         raise CLIError(
             f"--tree auto: no budget in {list(asked)} fits the context of {ctx} tokens with a "
             f"{prompt_len}-token prompt and --max-new-tokens {args.max_new_tokens} (room for {room} nodes); "

@@ -53,6 +53,7 @@ from jaxspec.cli.common import (
     command,
     flag_mesh,
     flag_sampling,
+    in_flag_words,
     is_head_flag,
     load_flag_model,
     QUANTIZE_MODES,
@@ -65,12 +66,12 @@ from jaxspec.cli.common import (
 )
 from jaxspec.cli.compile_cache import enable_compilation_cache
 from jaxspec.cli.compile_time import long_compile_note
+from jaxspec.decode.defaults import DEFAULT_SCHEME, DEFAULT_TREE  # the library's (a module without JAX)
+from jaxspec.errors import SettingError
 
 __all__ = ["generate_command"]
 
-DEFAULT_TREE = "chain:4"  # jaxspec.generate's default too (tests/test_generate.py checks they agree)
 DEFAULT_TEMPERATURE = 1.0  # jaxspec.generate's and jaxspec.verify's: the model's own law
-DEFAULT_SCHEME = "without_replacement"  # static trees; dynamic trees take only "deterministic"
 DEFAULT_AUTO_MAX_DEPTH = 8
 DEFAULT_TURNS = 3  # timed turns of each mode for --compare and --tree auto's check
 DEFAULT_TARGET, DEFAULT_DRAFT = setup.DEFAULT_TARGET, setup.DEFAULT_DRAFT
@@ -187,9 +188,9 @@ def generate_command(p: argparse.ArgumentParser) -> Handler:
         if plan.auto:
             auto = setup.auto_tree_for(args, pair.target, pair.draft, pair.tok, len(pair.ids), plan.sampling)
             plan = dataclasses.replace(plan, tree=auto.parents, auto_result=auto)
-        else:  # the library's remaining checks, before compiling
-            _library_config(args, plan, pair)
-        modes = _modes(args, plan, pair)
+        modes = _modes(args, plan, pair)  # prepared once: the library's checks, before compiling
+        if not args.baseline and plan.lookup is None:  # the library accepted the pair: only acceptance can suffer
+            warn_if_head_for_another_target("--draft", args.draft, pair.target, args.target)
         if not (args.baseline or plan.auto) and (note := long_compile_note(plan.tree, args.tree)):
             print(f"warning: {note}", file=sys.stderr, flush=True)
         result, line = _run_modes(args, plan, pair, modes)
@@ -286,7 +287,6 @@ def _load(args, plan: _Plan) -> _Pair:
     """The tokenizer, the models and the prompt's ids; the drafter's scheme in ``args.scheme``."""
     from jaxspec.decode.generate import resolve_stop_tokens
     from jaxspec.formats.gguf import is_gguf_source
-    from jaxspec.formats.tokenizer import ByteTokenizer
 
     tok = resolve_tokenizer("--target", args.target)
     dtype = args.dtype if args.dtype is not None else (GGUF_DEFAULT_DTYPE if is_gguf_source(args.target) else None)
@@ -300,55 +300,47 @@ def _load(args, plan: _Plan) -> _Pair:
     if not args.baseline:
         draft = plan.lookup or load_flag_model("--draft", args.draft, draft=True, dtype=dtype,
                                                quantize=args.quantize)
-        if plan.lookup is None:
-            warn_if_head_for_another_target("--draft", args.draft, target, args.target)
-            if draft.config.vocab_size != target.config.vocab_size:
-                raise CLIError(f"--draft {args.draft}: vocab_size {draft.config.vocab_size} differs from the "
-                               f"target's {target.config.vocab_size} ({args.target}); the draft and the target must "
-                               "share one vocabulary")
     check_tokenizer_fits("--target", args.target, tok, target.config.vocab_size)
     setup.check_room(args, len(ids), target, draft, plan.tree, plan.auto)
-    # the library's default stop tokens: the target's eos_token_id (config.json); a folder whose
-    # config.json has none stops at the end-of-text token its tokenizer_config.json names
-    stop = resolve_stop_tokens(None, target)
-    if (not stop and not isinstance(tok, ByteTokenizer) and tok.eos_id is not None
-            and tok.eos_id < target.config.vocab_size):
-        stop = (tok.eos_id,)
+    # the library's default stop tokens: the target's eos_token_id, else its own tokenizer's end-of-text id
+    stop = resolve_stop_tokens(None, target, tok)
     return _Pair(tok, target, draft, ids, prompt_text, stop)
 
 
-def _library_config(args, plan: _Plan, pair: _Pair) -> None:
-    """Build the configuration generate will compile (its checks, and the drafter's: a
-    refusal is a SettingError the command line names by flag); ``args.scheme`` becomes the
-    scheme the drafter chose."""
-    from jaxspec.decode.generate import build_ar_config, build_config
-
-    common = dict(prompt_length=len(pair.ids), max_new_tokens=args.max_new_tokens, sampling=plan.sampling,
-                  mesh=plan.mesh)
-    if args.baseline:
-        build_ar_config(pair.target, **common)
-    else:
-        cfg = build_config(pair.target, pair.draft, tree=plan.tree, scheme=args.scheme, rule=args.rule, **common)[0]
-        args.scheme = cfg.scheme
-
-
 def _modes(args, plan: _Plan, pair: _Pair) -> dict:
-    """``{"speculative": f, "target_only": g}``: each ``f(on_round=None)`` one generation."""
+    """``{"speculative": f, "target_only": g}``: each ``f(on_round=None)`` one generation.
+    Each mode is prepared once (:func:`jaxspec.decode.generate.prepare`: the library's
+    checks, the drafter's included, and the configuration it compiles, before anything
+    compiles), for each ``on_round`` it is called with; ``args.scheme`` becomes the scheme
+    the drafter serves. A library refusal names the flag: a :class:`jaxspec.SettingError` by
+    the command line's main, another ``ValueError`` here (:func:`in_flag_words`)."""
     import jax
 
-    from jaxspec.decode.generate import generate, generate_autoregressive
+    from jaxspec.decode.generate import prepare, prepare_autoregressive
 
     key = jax.random.key(args.seed)
     common = dict(max_new_tokens=args.max_new_tokens, sampling=plan.sampling, mesh=plan.mesh, stop_tokens=pair.stop)
+    prepared = {}
 
-    def speculative(on_round=None):
-        return generate(key, pair.target, pair.draft, [pair.ids], tree=plan.tree, scheme=args.scheme,
-                        rule=args.rule, on_round=on_round, **common)
+    def prepared_mode(mode, on_round):
+        if (mode, on_round) not in prepared:
+            try:
+                prepared[mode, on_round] = (
+                    prepare(pair.target, pair.draft, [pair.ids], tree=plan.tree, scheme=args.scheme, rule=args.rule,
+                            on_round=on_round, **common) if mode == "speculative" else
+                    prepare_autoregressive(pair.target, [pair.ids], on_round=on_round, **common))
+            except SettingError:
+                raise  # named by flag by the command line's main
+            except ValueError as e:
+                raise CLIError(in_flag_words(e, args)) from None
+        return prepared[mode, on_round]
 
-    def target_only(on_round=None):
-        return generate_autoregressive(key, pair.target, [pair.ids], on_round=on_round, **common)
-
-    return {"speculative": speculative, "target_only": target_only}
+    # the mode that runs first is checked now, before any message or compilation
+    first = prepared_mode("target_only" if args.baseline else "speculative", None)
+    if not args.baseline:
+        args.scheme = first.config.scheme
+    return {mode: (lambda on_round=None, mode=mode: prepared_mode(mode, on_round).run(key))
+            for mode in ("speculative", "target_only")}
 
 
 def _run_modes(args, plan: _Plan, pair: _Pair, modes: dict) -> tuple[dict, str | None]:

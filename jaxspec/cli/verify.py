@@ -292,24 +292,24 @@ def _config_vocab(name: str) -> int | None:
         return None
 
 
-def _laws(args, dynamic: bool):
+def _laws(args):
     """The target's :class:`jaxspec.Sampling` from the flags, and the draft's: None when no
-    ``--draft-*`` flag is given (the library's default), else each flag not given taken
-    from the target's flags (``iid`` / ``without_replacement``) or left unwarped
-    (``deterministic``, and dynamic trees)."""
+    ``--draft-*`` flag is given, else a dict of the fields the flags give, which the
+    library's :func:`jaxspec.core.settings.draft_law` sets over its default (the target's
+    law under ``iid`` / ``without_replacement``, no warp under ``deterministic``) with the
+    scheme the drafter serves."""
     names = ("temperature", "top_k", "top_p", "min_p")
     target = flag_sampling(*(getattr(args, n) for n in names))
-    given = {n: getattr(args, f"draft_{n}") for n in names}
-    if all(v is None for v in given.values()):
-        return target, None
-    base = (1.0, None, None, None) if dynamic or args.scheme == "deterministic" else \
-        tuple(getattr(target, n) for n in names)
-    values = [b if given[n] is None else given[n] for n, b in zip(names, base, strict=True)]
-    return target, flag_sampling(*values, prefix="--draft-")
+    given = {n: getattr(args, f"draft_{n}") for n in names if getattr(args, f"draft_{n}") is not None}
+    if given:  # each value checked, named by its flag (the fields not given at Sampling's defaults)
+        from jaxspec.core.settings import Sampling
+
+        flag_sampling(*(given.get(n, getattr(Sampling(), n)) for n in names), prefix="--draft-")
+    return target, given or None
 
 
 def _run(args: argparse.Namespace) -> int:
-    from jaxspec.core.treespec import DynamicTree, parse_tree
+    from jaxspec.core.treespec import parse_tree
     from jaxspec.decode.combinations import check_settings
     from jaxspec.exactness.harness import DEFAULT_TREE, MUTANT_CONFIG, verify
     from jaxspec.exactness.mutants import MUTANT_RULE
@@ -332,7 +332,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(f"--tree: {e}") from None
     check_settings(tree=tree, scheme=args.scheme, rule=args.rule)  # before any model is loaded
-    sampling, draft_sampling = _laws(args, isinstance(tree, DynamicTree))
+    sampling, draft_sampling = _laws(args)
     if args.plots is not None:
         check_output_dir("--plots", args.plots)  # an empty path too
     if args.target is not None and args.method == "enumerate":  # the cells, from the config alone
