@@ -53,8 +53,8 @@ from jaxspec.decode import generate as gen
 from jaxspec.decode import loops
 
 ALPHA_FAMILY = 1e-3
-NUM_TESTS = 120
-THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # ~8.3e-6
+NUM_TESTS = 125
+THRESH = bonferroni(ALPHA_FAMILY, NUM_TESTS)  # 8e-6
 MUTANT_THRESH = 1e-6
 V, L = 4, 3
 PROMPT = [1, 2]
@@ -187,8 +187,11 @@ HEAD_CASES = [("chain", "iid", "none"), ("branch", "without_replacement", "t0.7_
 # a reduced-vocabulary head (EAGLE-3's draft vocabulary): it drafts ids REDUCED_VOCAB only, its
 # q zero at the others, where the rule must still emit the target's mass
 REDUCED_VOCAB = (0, 2, 3)
+# a multi-layer head (EAGLE-3's fused taps): the round passes the target's tap after layer 0
+# with its features, and the head fuses them (a fuse moved off its identity start)
+MULTI_HEAD_CASES = [("branch", "without_replacement", "t0.7_topk3")]
 assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CASES) + len(NGRAM_CASES)
-             + 2 * len(HEAD_CASES))
+             + 2 * len(HEAD_CASES) + len(MULTI_HEAD_CASES))
         + 4 * len(RAGGED) * 2 + len(WARPS) + len(NGRAM_CASES) <= NUM_TESTS)  # ragged: plain and queued
 
 
@@ -249,6 +252,20 @@ def test_generate_feature_head_matches_exact_target_law(tree, scheme, warp_key):
     seed = 7500 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="auto", draft=_head())
     _check(counts, _exact(warp_key), f"head/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
+
+
+@pytest.mark.parametrize("tree,scheme,warp_key", MULTI_HEAD_CASES)
+def test_generate_multi_layer_head_matches_exact_target_law(tree, scheme, warp_key):
+    """generate(draft=a FeatureHead with feature_layers): drafts from the target's fused taps
+    keep the target's law."""
+    from jaxspec.nn.head import head_config, init_head
+
+    head = init_head(head_config(_pair()[0].config), jax.random.key(2100), feature_layers=(0,))
+    w = head.fuse.kernel[...]
+    head.fuse.kernel.set_value(w + 0.3 * jax.random.normal(jax.random.key(2101), w.shape))
+    seed = 7800 + 10 * list(TREES).index(tree) + list(WARPS).index(warp_key)
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, rule="auto", draft=head)
+    _check(counts, _exact(warp_key), f"multi-layer head/{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
 
 @pytest.mark.parametrize("tree,scheme,warp_key", HEAD_CASES)

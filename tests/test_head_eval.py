@@ -10,6 +10,7 @@ import pytest
 from _tiny import tiny_head, tiny_pair
 
 import jaxspec
+from jaxspec.nn.head import head_config, init_head
 from jaxspec.nn.model import forward_features
 from jaxspec.training.head_eval import acceptance_by_depth
 
@@ -20,12 +21,25 @@ def pair():
     return target, tiny_head(target, seed=1)
 
 
+@pytest.fixture(scope="module")
+def multi(pair):
+    """A multi-layer head whose taps matter: its fuse moved off the identity start."""
+    target = pair[0]
+    head = init_head(head_config(target.config), jax.random.key(7), feature_layers=(0,))
+    w = head.fuse.kernel[...]
+    head.fuse.kernel.set_value(w + 0.3 * jax.random.normal(jax.random.key(8), w.shape))
+    return target, head
+
+
 PROMPTS = [[1, 2, 3, 0, 4], [5, 1, 1, 2]]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_greedy_chain_tokens_are_what_greedy_decoding_commits_per_round(pair, k):
-    target, head = pair
+@pytest.mark.parametrize("kind", ["last", "multi"])
+def test_greedy_chain_tokens_are_what_greedy_decoding_commits_per_round(pair, multi, kind, k):
+    """For a multi-layer head this also checks the decoder: the taps it passes and fuses give
+    the drafts that teacher forcing (forward_taps) predicts."""
+    target, head = pair if kind == "last" else multi
     greedy = jaxspec.Sampling(temperature=0.0)
     ar = jaxspec.generate_autoregressive(jax.random.key(0), target, PROMPTS, max_new_tokens=30, sampling=greedy)
     seqs = [p + np.asarray(ar.tokens[i, : int(ar.lengths[i])]).tolist() for i, p in enumerate(PROMPTS)]

@@ -38,7 +38,9 @@ capacity, and ``params`` are split over a mesh's model axis as a model's are; ot
 position limit, and params replicated) and ``tree`` (a
 :func:`~jaxspec.core.treespec.parse_tree` spec: the tree the drafter drafts best, which
 :func:`jaxspec.generate` uses when its ``tree`` is None; absent or None: the library's
-default, ``"chain:4"``).
+default, ``"chain:4"``) and ``feature_layers`` (target layer indices: the drafter reads the
+target's taps at those layers beside its features, :func:`feature_taps`; a multi-layer
+feature head's).
 
 A drafter with arrays of its own is passed as the pair ``(drafter, params)``; one without
 is passed alone (its params are ``None``).
@@ -68,8 +70,15 @@ from jaxspec.core import sampling
 from jaxspec.core.sampling import Warp
 
 __all__ = ["Drafter", "DraftRequest", "Prompt", "Context", "DraftLaw", "Proposal", "Outcome", "check_drafter",
-           "refuse_draft_sampling", "DRAFTER_METHODS"]
+           "refuse_draft_sampling", "DRAFTER_METHODS", "feature_taps"]
 
+
+
+def feature_taps(drafter) -> tuple[int, ...]:
+    """The target layers whose taps ``drafter`` reads beside the features (its optional
+    ``feature_layers``; ``()`` for none): the round asks the target's forwards for them."""
+    layers = getattr(drafter, "feature_layers", None)
+    return () if layers is None else tuple(layers)
 
 
 class DraftRequest(NamedTuple):
@@ -86,7 +95,8 @@ class Prompt(NamedTuple):
 
     tokens: jax.Array  # int32[B, P] right-padded prompts; the last real token is the first root
     lengths: jax.Array  # int32[B] prompt lengths (the target cache holds lengths - 1 tokens)
-    features: jax.Array  # float32[B, P, D] the target's final features of the prompts
+    features: jax.Array  # float32[B, P, D] the target's final features of the prompts ([B, P, (k + 1) D]
+    # for a drafter with k feature_layers: the taps first, the features last, Transformer.features)
     capacity: int  # cache slots of the generation (static)
     tree: Any  # the generation's StaticTree | DynamicTree (static)
 
@@ -135,7 +145,8 @@ class Outcome(NamedTuple):
     accepted_nodes: jax.Array  # int32[B, N] node indices along the accepted path, -1 padded
     active: jax.Array  # bool[B] rows active at the round's start
     features: jax.Array  # float32[B, N + 1, D] the target's features of [root] + nodes (row 0 only
-    #                      when the round ran one target step instead of a verification)
+    #                      when the round ran one target step instead of a verification);
+    #                      [B, N + 1, (k + 1) D] for a drafter with feature_layers, as in Prompt
 
 
 @runtime_checkable

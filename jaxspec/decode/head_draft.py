@@ -144,6 +144,18 @@ def commit_head(state: HeadState, target_feats, tokens, accepted_nodes, num, act
     )
 
 
+def _fused(head: FeatureHead, features) -> jax.Array:
+    """The features a true pair reads (:meth:`~jaxspec.nn.head.FeatureHead.fused`) from the
+    round's target features ``[B, T, D]``, or ``[B, T, (k + 1) D]`` (the taps, then the
+    features) for a multi-layer head: float32 ``[B, T, D]``."""
+    if head.feature_layers is None:
+        return features
+    b, t, _ = features.shape
+    d = head.config.hidden_size
+    k = len(head.feature_layers)
+    return head.fused(features[..., k * d:], features[..., : k * d].reshape(b, t, k, d))
+
+
 @dataclasses.dataclass(frozen=True)
 class HeadDraft(ModuleDraft):
     """A :class:`~jaxspec.nn.head.FeatureHead` as a drafter (static trees, one device): the
@@ -159,10 +171,6 @@ class HeadDraft(ModuleDraft):
 
     def check(self, target, request: DraftRequest) -> str:
         check_head_config_for("draft", self.config, target, self.feature_layers)
-        if self.feature_layers is not None:
-            raise ValueError(f"draft: a multi-layer head (feature_layers = {self.feature_layers}) drafts from taps of "
-                             "the target's layers that the decoder does not pass yet; expected a last-layer head "
-                             "(evaluate a multi-layer head with jaxspec.training.head_eval)")
         if isinstance(request.tree, DynamicTree):
             raise SettingError({"tree": request.tree}, "a feature head drafts static trees (a chain such as 'chain:4', "
                                "or 'branch:3,1,1'); a DynamicTree takes a draft model")
@@ -176,7 +184,7 @@ class HeadDraft(ModuleDraft):
 
     def init(self, params, target, prompt: Prompt) -> HeadState:
         head = nnx.merge(self.definition, params)
-        return start_head(head, target, prompt.features, prompt.tokens, prompt.lengths - 1, prompt.capacity,
+        return start_head(head, target, _fused(head, prompt.features), prompt.tokens, prompt.lengths - 1, prompt.capacity,
                           prompt.tree.depth + 1)
 
     def propose(self, params, target, state: HeadState, ctx: Context, keys, law: DraftLaw) -> Proposal:
@@ -188,5 +196,6 @@ class HeadDraft(ModuleDraft):
     def commit(self, params, state: HeadState, outcome: Outcome, commit_cache) -> HeadState:
         """The target's features of the kept path become the head's next pairs (the head
         keeps its own cache layout; ``commit_cache`` is the target's)."""
-        return commit_head(state, outcome.features, outcome.tokens, outcome.accepted_nodes, outcome.num,
+        head = nnx.merge(self.definition, params)
+        return commit_head(state, _fused(head, outcome.features), outcome.tokens, outcome.accepted_nodes, outcome.num,
                            outcome.active)

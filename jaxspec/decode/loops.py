@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxspec.decode.config import ARConfig, SpecConfig
-from jaxspec.decode.drafter import Prompt
+from jaxspec.decode.drafter import Prompt, feature_taps
 from jaxspec.decode.result import GenerateResult
 from jaxspec.decode.round import (
     Emitted,
@@ -45,11 +45,11 @@ def _fold_all(keys, r):
     return jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(r, keys.shape[:1]))
 
 
-def _start(model, tokens, lens, cfg, features: bool = False):
+def _start(model, tokens, lens, cfg, features: bool = False, taps: tuple[int, ...] = ()):
     """Prefill ``prompt[:-1]`` (cache lengths = len - 1); the last prompt token is the root.
     Returns ``(cache, root, logits or features of the prompt)``."""
     committed = lens - 1
-    out, cache = prefill(model, tokens, committed, cfg.capacity, features=features)
+    out, cache = prefill(model, tokens, committed, cfg.capacity, features=features, taps=taps)
     root = jnp.take_along_axis(tokens, committed[:, None], axis=1)[:, 0]
     return _place_cache(cache, model, cfg), root, out
 
@@ -85,7 +85,7 @@ def _start_state(cfg: SpecConfig, target, draft, tokens, lens) -> RoundState:
     and the target's prompt features (:meth:`~jaxspec.decode.drafter.Drafter.init`),
     nothing emitted. ``draft``: ``(drafter, params)``."""
     drafter, dparams = draft
-    tcache, root, tfeats = _start(target, tokens, lens, cfg, features=True)
+    tcache, root, tfeats = _start(target, tokens, lens, cfg, features=True, taps=feature_taps(drafter))
     dstate = drafter.init(dparams, target, Prompt(tokens, lens, tfeats, cfg.capacity, cfg.tree))
     prev = jnp.take_along_axis(tokens, jnp.maximum(lens - 2, 0)[:, None], axis=1)[:, 0]
     return RoundState(prev=prev, root=root, tcache=tcache, dstate=dstate,

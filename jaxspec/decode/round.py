@@ -54,7 +54,7 @@ from jaxspec.core.rule_types import AcceptResult
 from jaxspec.core.sampling import Warp
 from jaxspec.core.token_rule import accept_core
 from jaxspec.core.treespec import DynamicTree, StaticTree
-from jaxspec.decode.drafter import Context, Drafter, DraftLaw, Outcome
+from jaxspec.decode.drafter import Context, Drafter, DraftLaw, Outcome, feature_taps
 from jaxspec.nn.cache import KVCache, commit
 from jaxspec.nn.masks import causal_cache_mask, tree_cache_mask
 
@@ -267,8 +267,10 @@ def speculative_round(cfg: RoundConfig, inputs: RoundInputs) -> tuple[RoundState
         with jax.named_scope("verify"):
             mask = tree_cache_mask(lengths, parts.verify_mask(full_mask), tcache.capacity)  # [B, N + 1, S]
             seq = jnp.concatenate([state.root[:, None], node_tokens], axis=1)  # [B, N + 1]
-            feats, tcache = target.features(seq, lengths[:, None] + depth_full, tcache, mask)  # [B, N + 1, D]
-            target_probs = cfg.target_warp(target.unembed(feats), temperature)  # [B, N + 1, V]
+            # [B, N + 1, D], or [B, N + 1, (k + 1) D] with the taps a multi-layer drafter reads
+            feats, tcache = target.features(seq, lengths[:, None] + depth_full, tcache, mask, feature_taps(drafter))
+            d = target.config.hidden_size
+            target_probs = cfg.target_warp(target.unembed(feats[..., -d:]), temperature)  # [B, N + 1, V]
 
         with jax.named_scope("accept"):
             def accept_row(k, par, toks, tp, dp):
@@ -281,7 +283,7 @@ def speculative_round(cfg: RoundConfig, inputs: RoundInputs) -> tuple[RoundState
 
     def target_step(tcache):
         """No row has a draft worth verifying: one target step, the tree skipped."""
-        return _tree_skipped(target, cfg.target_warp, tcache, state.root, k_acc, temperature, n)
+        return _tree_skipped(target, cfg.target_warp, tcache, state.root, k_acc, temperature, n, feature_taps(drafter))
 
     if prop.has_draft is None:
         res, tcache, feats = verify_tree(state.tcache)
@@ -317,11 +319,11 @@ def _tree_layout(tree, parents):
     return parents, full_mask, jnp.sum(full_mask, axis=2, dtype=jnp.int32) - 1
 
 
-def _tree_skipped(target, warp: Warp, tcache: KVCache, root, keys, temperature, n: int):
+def _tree_skipped(target, warp: Warp, tcache: KVCache, root, keys, temperature, n: int, taps: tuple[int, ...] = ()):
     """A round with no tree: one target step from the root; nothing accepted, the drawn
     token is the extra one. ``(AcceptResult, cache, features [B, N + 1, D])``."""
     b = root.shape[0]
-    tok, tcache, feat = _target_draw(target, warp, tcache, root, keys, temperature)
+    tok, tcache, feat = _target_draw(target, warp, tcache, root, keys, temperature, taps)
     res = AcceptResult(
         tokens=jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(tok),
         num_tokens=jnp.ones((b,), jnp.int32),
@@ -334,16 +336,16 @@ def _tree_skipped(target, warp: Warp, tcache: KVCache, root, keys, temperature, 
     return res, tcache, feats
 
 
-def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature):
+def _target_draw(target, warp: Warp, cache: KVCache, root, keys, temperature, taps: tuple[int, ...] = ()):
     """Forward the root (``int32[B]``) at slot ``L`` and draw one token per row (``keys
     [B]``) from the warped law: ``(token int32[B], cache with the root's K/V, the root's
-    features float32[B, 1, D])``; ``lengths`` unchanged. The target-only step, and a
-    speculative round with nothing to verify."""
+    features float32[B, 1, D]`` (``[B, 1, (k + 1) D]`` with ``taps``, :meth:`Transformer.features`));
+    ``lengths`` unchanged. The target-only step, and a speculative round with nothing to verify."""
     lengths = cache.lengths
     with jax.named_scope("verify"):
         mask = causal_cache_mask(lengths, 1, cache.capacity)  # [B, 1, S]
-        feats, cache = target.features(root[:, None], lengths[:, None], cache, mask)
-        probs = warp(target.unembed(feats)[:, 0], temperature)  # [B, V]
+        feats, cache = target.features(root[:, None], lengths[:, None], cache, mask, taps)
+        probs = warp(target.unembed(feats[..., -target.config.hidden_size:])[:, 0], temperature)  # [B, V]
     with jax.named_scope("accept"):
         tok = jax.vmap(sampling.sample_categorical)(keys, probs)  # [B]
     return tok, cache, feats

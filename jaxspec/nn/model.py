@@ -334,35 +334,49 @@ class Transformer(nnx.Module):
         positions: jax.Array,  # int32[B, T]
         cache: KVCache,
         attention_mask: jax.Array,  # bool[B, T, S]
-    ) -> tuple[jax.Array, KVCache]:  # float32[B, T, D], cache with K/V written
+        taps: tuple[int, ...] = (),
+    ) -> tuple[jax.Array, KVCache]:  # float32[B, T, D] ([B, T, (k + 1) D] with k taps), cache
         """The forward of :meth:`__call__` up to the LM head: the last layer's residual after
         the final norm (float32 ``[B, T, D]``), the features a feature-level draft head reads.
-        ``unembed(features(...)[0])`` is ``__call__``'s logits, bit for bit."""
+        ``unembed(features(...)[0])`` is ``__call__``'s logits, bit for bit.
+
+        ``taps`` (layer indices, static): the unit-RMS residuals after those layers
+        (:func:`tap`, as :func:`forward_taps` computes them) come first, the features last:
+        ``[B, T, (k + 1) D]``, whose last D columns are the features (a multi-layer head's
+        input)."""
         tokens = jnp.asarray(tokens)
         positions = jnp.asarray(positions)
         attention_mask = jnp.asarray(attention_mask)
         _check_forward_shapes(self.config, tokens, positions, cache, attention_mask)
         with jax.named_scope(FORWARD_SCOPE):
-            x, cache = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask)
-            return self.norm(x), cache
+            if not taps:
+                x, cache = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask)
+                return self.norm(x), cache
+            x, cache, tapped = write_and_attend(self.layers, self.embed(tokens), positions, cache, attention_mask,
+                                                taps=taps)
+            return jnp.concatenate([*tapped, self.norm(x)], axis=-1), cache
 
 
-def write_and_attend(layers, x, positions, cache: KVCache, attention_mask) -> tuple[jax.Array, KVCache]:
+def write_and_attend(layers, x, positions, cache: KVCache, attention_mask, taps: tuple[int, ...] = ()):
     """The decoder stack with the cache plumbing: residual ``x [B, T, D]`` through
     ``layers`` (``cache`` has one K/V plane per layer), each writing its new K/V at slots
     ``cache.lengths[b] + t`` (writes past S are dropped) and attending over all S slots under
-    ``attention_mask bool[B, T, S]``. Returns the last residual and the written cache."""
+    ``attention_mask bool[B, T, S]``. Returns the last residual and the written cache, and
+    with ``taps`` (layer indices) a third item, the list of :func:`tap` residuals after those layers."""
     b, t = x.shape[:2]
     rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
     slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
     k_all, v_all = cache.k, cache.v  # [L, B, S, Hkv, hd]
     masks = _LayerMasks(attention_mask, positions, lambda: cache_key_positions(cache.lengths, positions, cache.capacity))
+    tapped = []
     for i, layer in enumerate(layers):
         q, k, v = layer.project(x, positions)
         k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
         v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
         x = layer.finish(x, q, k_all[i], v_all[i], masks.of(layer))
-    return x, cache.replace(k=k_all, v=v_all)
+        if i in taps:
+            tapped.append(tap(x))
+    return (x, cache.replace(k=k_all, v=v_all)) + ((tapped,) if taps else ())
 
 
 class _LayerMasks:
@@ -453,13 +467,13 @@ def forward_taps(model: Transformer, tokens: jax.Array, layers: tuple[int, ...])
 
 def check_tap_layers(name: str, layers, num_layers: int) -> None:
     """``ValueError`` naming ``name`` unless ``layers`` are distinct, increasing layer indices
-    in ``0 .. num_layers - 2`` (the last layer's residual is the features themselves)."""
+    in ``0 .. num_layers - 1``."""
     ok = (isinstance(layers, (tuple, list)) and len(layers) > 0
           and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
-          and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] <= num_layers - 2)
+          and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] <= num_layers - 1)
     if not ok:
         raise ValueError(f"{name}: feature_layers = {layers!r}; expected increasing layer indices from 0 to "
-                         f"{num_layers - 2} (the target has {num_layers} layers; its last is the features)")
+                         f"{num_layers - 1} (the target has {num_layers} layers)")
 
 
 def tap(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -490,12 +504,13 @@ def _causal_stack(model: Transformer, tokens: jax.Array, layers: tuple[int, ...]
 
 def prefill(
     model: Transformer, tokens: jax.Array, lengths: jax.Array, capacity: int, cache_dtype=None,
-    *, features: bool = False,
+    *, features: bool = False, taps: tuple[int, ...] = (),
 ) -> tuple[jax.Array, KVCache]:
     """Prompts right-padded to T (``int32[B, T]``), ``lengths int32[B]`` real tokens per row.
 
     Returns logits ``float32[B, T, V]`` (row b's next-token law is ``logits[b, lengths[b]-1]``),
-    or with ``features=True`` the features ``float32[B, T, D]`` (:meth:`Transformer.features`),
+    or with ``features=True`` the features ``float32[B, T, D]`` (:meth:`Transformer.features`;
+    ``[B, T, (k + 1) D]`` with ``taps``),
     and a fresh cache of ``capacity`` slots with ``cache.lengths = lengths``. Slots past a
     row's length hold padding K/V that later masks exclude.
     """
@@ -515,7 +530,10 @@ def prefill(
     cache = init_cache(model.config, b, capacity, cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     mask = causal_cache_mask(cache.lengths, t, capacity)  # [B, T, S]
-    out, cache = (model.features if features else model)(tokens, positions, cache, mask)
+    if features:
+        out, cache = model.features(tokens, positions, cache, mask, taps)
+    else:
+        out, cache = model(tokens, positions, cache, mask)
     return out, cache.replace(lengths=lengths)
 
 
