@@ -611,3 +611,21 @@ def test_power_rules_and_the_samples_they_need():
 
     assert pooled_away(0, 64).startswith("dof 0: its 64 cells pooled into one")
     assert pooled_away(0, 1) == "" and pooled_away(1, 64) == ""
+
+
+def test_a_rejected_tests_detail_header_never_ends_empty():
+    """The worst cells of a rejected test follow a header that says what they are, with the
+    test's note in parentheses only when it has one (no ``name: `` with nothing after it)."""
+    import types
+
+    from jaxspec.exactness.report import TestResult, verdict_lines
+
+    bare = TestResult("joint chi2 vs exact", "chi2_gof", 50.0, 3, 1e-9, 1e-6, 100, detail="cell  observed\n   0  12")
+    noted = dataclasses.replace(bare, name="two-sample", note="n_a=100 n_b=100")
+    rep = types.SimpleNamespace(config={}, verdict="rejected", tests=(bare, noted), rejected=(bare, noted),
+                                inconclusive_reasons=())
+    lines = verdict_lines(rep, "unused")
+    assert "  joint chi2 vs exact, worst cells first:" in lines
+    assert "  two-sample (n_a=100 n_b=100), worst cells first:" in lines
+    assert "    cell  observed" in lines and lines[-1] == "REJECTED: 2 of 2 tests rejected"
+    assert not [s for s in lines if s.rstrip().endswith(":") and not s.endswith("worst cells first:")]

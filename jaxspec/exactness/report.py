@@ -339,7 +339,8 @@ def verdict_lines(report, no_power: str, *, details: int | None = None) -> list[
     ``config``, ``verdict``, ``tests``, ``rejected`` and ``inconclusive_reasons``."""
     lines = []
     for t in [t for t in report.rejected if t.detail][:details]:
-        lines += ["", f"  {t.name}: {t.note}", *("    " + s for s in t.detail.splitlines())]
+        note = f" ({t.note})" if t.note else ""  # a header never ends on an empty note
+        lines += ["", f"  {t.name}{note}, worst cells first:", *("    " + s for s in t.detail.splitlines())]
     lines.append("")
     if report.verdict == "passed":
         lines.append("PASSED: every test passed")
