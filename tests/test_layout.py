@@ -706,7 +706,7 @@ CLI_SNAPSHOT = {
     ], []),
     "train-head": ([
         "--batch-size", "--checkpoint-every", "--clip-norm", "--eval-every", "--eval-windows", "--export",
-        "--feature-weight", "--heads", "--help", "--hours", "--intermediate-size", "--kv-heads", "--lr",
+        "--feature-layers", "--feature-weight", "--heads", "--help", "--hours", "--intermediate-size", "--kv-heads", "--lr",
         "--max-files", "--max-new-tokens", "--min-lr-ratio", "--no-progress", "--noise", "--out", "--per-category",
         "--recipe", "--resume", "--seed",
         "--seq-len", "--steps", "--stop-at", "--target", "--unroll", "--warmup-steps", "--weight-decay", "-h",

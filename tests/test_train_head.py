@@ -307,3 +307,25 @@ def test_cli_recipe_end_to_end_on_a_base_model(tmp_path, capsys):
     shards = sorted((out / "answers").glob("shard_*.npz"))
     assert cli.main([*argv, "--resume"]) == 0  # every data stage done; training resumes at its end
     assert sorted((out / "answers").glob("shard_*.npz")) == shards
+    # the same answers, a multi-layer head: the features stage keeps the taps of 'auto' layers
+    import shutil
+
+    from jaxspec.training.recipe import auto_feature_layers
+
+    capsys.readouterr()
+    multi = tmp_path / "multi"
+    shutil.copytree(out / "answers", multi / "answers")
+    argv_multi = [a if a != str(out) else str(multi) for a in argv] + ["--feature-layers", "auto"]
+    assert cli.main(argv_multi) == 0
+    res = strict_json(capsys.readouterr().out)
+    layers = auto_feature_layers(jaxspec_load_layers())
+    assert load_head(res["model"]).feature_layers == layers
+    assert json.loads((multi / "features" / "meta.json").read_text())["feature_layers"] == list(layers)
+    assert cli.main(["train-head", "--feature-layers", "1", "--out", str(tmp_path / "x")]) == 2  # needs --recipe
+    assert "--feature-layers: a multi-layer head trains from cached features" in capsys.readouterr().err
+
+
+def jaxspec_load_layers() -> int:
+    import jaxspec
+
+    return jaxspec.load_model("default-target").config.num_hidden_layers

@@ -255,6 +255,7 @@ def distill_command(p: argparse.ArgumentParser) -> Handler:
 @command("train-head", help="train a feature draft head (EAGLE style) on a frozen target")
 def train_head_command(p: argparse.ArgumentParser) -> Handler:
     from jaxspec.training.head import DEFAULT_FEATURE_WEIGHT, DEFAULT_NOISE, MAX_UNROLL
+    from jaxspec.training.recipe import parse_feature_layers
 
     p.add_argument("--target", default="default-target", help="target model name or folder (default: default-target)")
     g = p.add_argument_group("head size (default: the target's; the width and vocabulary are always the target's)")
@@ -282,6 +283,9 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
                         "windows of the corpus to continue; default 500)")
     g.add_argument("--max-new-tokens", type=positive_int, default=256,
                    help="with --recipe: an answer's token budget (default 256)")
+    g.add_argument("--feature-layers", type=parse_feature_layers, default=None, metavar="auto|I,J",
+                   help="with --recipe: a multi-layer head (EAGLE-3) fusing the target's residuals after these "
+                        "layers with its last features ('auto': layer 1 and the middle one); default: the last only")
     _add_train_args(p)
 
     def run(args) -> int:
@@ -290,6 +294,8 @@ def train_head_command(p: argparse.ArgumentParser) -> Handler:
 
         if args.recipe:
             return _recipe(args)
+        if args.feature_layers is not None:
+            raise CLIError("--feature-layers: a multi-layer head trains from cached features; expected --recipe too")
         tc = _train_config(args)
         _check_output_dirs(args)
         target = load_flag_model("--target", args.target)
@@ -333,7 +339,7 @@ def _recipe(args) -> int:
         report.update(run_recipe(target, tok, args.out, model_digest=model_digest(args.target, target), train_config=tc,
                                  steps=tc.steps, stop_at=args.stop_at, hours=args.hours, seed=args.seed,
                                  per_category=args.per_category, max_new_tokens=args.max_new_tokens,
-                                 progress=not args.no_progress))
+                                 feature_layers=args.feature_layers, progress=not args.no_progress))
         return report.get("train")
 
     class _DataOnly:  # the data stages stopped at --hours: no training yet

@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["STAGES", "VOCAB_SIZES", "main", "model_digest", "run_recipe", "base_prompts"]
+__all__ = ["STAGES", "VOCAB_SIZES", "main", "model_digest", "run_recipe", "base_prompts", "auto_feature_layers",
+           "parse_feature_layers"]
 
 STAGES = ("instructions", "answers", "features", "vocab", "train")
 VOCAB_SIZES = (1024, 2048, 4096, 8192, 16384)  # the K whose coverage the vocab stage measures
@@ -63,9 +64,32 @@ def _args(argv):
     p.add_argument("--steps", type=int, default=3000, help="training steps (default 3000)")
     p.add_argument("--stop-at", type=int, default=None, help="stop training after this step (resume later)")
     p.add_argument("--vocab", type=int, default=8192, help="the ids the head drafts, the K most frequent (default 8192)")
+    p.add_argument("--feature-layers", default=None, type=parse_feature_layers,
+                   help="a multi-layer head (EAGLE-3): the target layers fused with the last ('1,14', or 'auto': "
+                        "layer 1 and the middle one); default: the last layer only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
+
+
+def auto_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """A multi-layer head's default taps for a target of ``num_layers`` layers: the residuals
+    entering layer 2 and the middle layer (EAGLE-3's low and middle; the last features are its
+    high), one tap when they coincide."""
+    return tuple(sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1)}))
+
+
+def parse_feature_layers(text: str) -> tuple[int, ...] | str:
+    """``"auto"`` or comma-separated layer indices (``"1,14"``), for ``--feature-layers``."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'auto' or layer indices such as 1,14") from None
+    if not layers or list(layers) != sorted(set(layers)) or layers[0] < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected increasing layer indices such as 1,14")
+    return layers
 
 
 def base_prompts(tokenizer, count: int = 512, tokens: int = 48) -> list[tuple[str, str]]:
@@ -87,9 +111,11 @@ def base_prompts(tokenizer, count: int = 512, tokens: int = 48) -> list[tuple[st
 def run_recipe(target, tokenizer, out, *, model_digest: str, stages=STAGES, per_category: int = 500,
                max_new_tokens: int = 256, rows: int = 64, steps: int = 3000, stop_at: int | None = None,
                vocab: int = 8192, train_config=None, hours: float | None = None, seed: int = 0,
-               progress: bool = True) -> dict:
+               feature_layers: tuple[int, ...] | str | None = None, progress: bool = True) -> dict:
     """Runs ``stages`` of the recipe (module docstring) for ``target`` and its ``tokenizer``
-    in folder ``out``; returns what each stage reports (counts, coverage, the training result)."""
+    in folder ``out``; returns what each stage reports (counts, coverage, the training result).
+    ``feature_layers``: a multi-layer head's target layers (or ``"auto"``, :func:`auto_feature_layers`);
+    the features stage then keeps their taps."""
     from jaxspec.training.answers import write_answers  # noqa: PLC0415
     from jaxspec.training.magpie import build_instructions, read_instructions  # noqa: PLC0415
     from jaxspec.training.shards import count_tokens, read_shards  # noqa: PLC0415
@@ -124,7 +150,10 @@ def run_recipe(target, tokenizer, out, *, model_digest: str, stages=STAGES, per_
     records = read_shards(out / "answers")
     if not records:
         raise ValueError(f"run_recipe: {out / 'answers'} holds no answers; run the answers stage first")
-    cache = build_feature_cache(target, [r.tokens for r in records], out / "features", progress=progress)
+    if feature_layers == "auto":
+        feature_layers = auto_feature_layers(target.config.num_hidden_layers)
+    cache = build_feature_cache(target, [r.tokens for r in records], out / "features", progress=progress,
+                                feature_layers=feature_layers)
     v = target.config.vocab_size
     if "vocab" in stages:  # a measurement: training reads `vocab`, not this file
         ks = [k for k in VOCAB_SIZES if k < v] + [v]
@@ -136,7 +165,7 @@ def run_recipe(target, tokenizer, out, *, model_digest: str, stages=STAGES, per_
         cfg = train_config or TrainConfig(steps=steps, batch_size=8, seq_len=128, lr=2e-3,
                                           warmup_steps=min(100, steps // 10), eval_every=250, eval_windows=16,
                                           checkpoint_every=50)
-        r = train_head_cached(target, cache, cfg, out, draft_vocab=ids, unroll=3,
+        r = train_head_cached(target, cache, cfg, out, draft_vocab=ids, unroll=3, feature_layers=feature_layers,
                               resume=(out / CHECKPOINT_DIR).exists(), progress=progress, stop_at=stop_at)
         report["train"] = r
     return report
@@ -152,6 +181,7 @@ def main(argv=None) -> int:
     rep = run_recipe(target, tok, args.out, model_digest=model_digest(args.target, target), stages=stages,
                      per_category=args.per_category, max_new_tokens=args.max_new_tokens, rows=args.rows,
                      steps=args.steps, stop_at=args.stop_at, vocab=args.vocab, hours=args.hours, seed=args.seed,
+                     feature_layers=args.feature_layers,
                      progress=not args.no_progress)
     for name, value in rep.items():
         if name == "train":
