@@ -509,3 +509,17 @@ def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
     err = capsys.readouterr().err
     # the library's refusal (the drafter's check), named by the flag and its value
     assert f"--draft {draft}: vocab_size = 48; expected the target's vocab_size = 40" in err and "Traceback" not in err
+
+
+def test_a_layer_count_beyond_the_weights_is_refused_before_building(tmp_path):
+    """``num_hidden_layers = 100000`` in a 2-layer folder: refused from the tensor names, before
+    a model of that many layers is built (that took minutes), naming the file and the key."""
+    save_model(init_model(_config(), jax.random.key(0)), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 100000}))
+    with pytest.raises(ValueError, match=r"config\.json: num_hidden_layers = 100000, but the weights hold the "
+                                         r"tensors of 2 layers \(model\.layers\.0 to model\.layers\.1\); expected 2"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1}))  # layer 1's tensors left over
+    with pytest.raises(ValueError, match=r"num_hidden_layers = 1, but the weights hold the tensors of 2 layers"):
+        load_model(tmp_path)
