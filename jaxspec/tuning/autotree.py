@@ -66,6 +66,7 @@ from jaxspec.core.sampling import check_scheme
 from jaxspec.core.settings import Sampling, check_sampling, draft_law
 from jaxspec.core.treespec import StaticTree
 from jaxspec.decode.combinations import check_settings
+from jaxspec.decode.inputs import position_limit
 from jaxspec.errors import SettingError
 from jaxspec.nn.model import Transformer, check_transformer
 from jaxspec.tuning.optimize import check_draws, measure_acceptance, optimize_tree
@@ -421,7 +422,7 @@ def auto_tree(
     max_rank = min(check_positive("max_rank", max_rank), budgets[-1], v)
     batch_size = check_positive("batch_size", batch_size)
     loops, repeats = check_positive("loops", loops), check_positive("repeats", repeats)
-    limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    limit = min(position_limit(target), position_limit(draft))  # the decoder's rule (both are Transformers)
     if window_len > limit:
         raise ValueError(f"window_len: {window_len} exceeds max_position_embeddings = {limit}")
     if context_len is None:
