@@ -107,6 +107,19 @@ def bug_47932(transformers, torch):
         gen._generate_candidates = original
 
 
+
+def _pvalue_panel(ax, runs: dict, fontsize: int) -> None:
+    """Each engine's p-values (PIT and hashed two-sample tests), one column a run, against the
+    PIT threshold, on a log scale."""
+    for i, (name, r) in enumerate(runs.items()):
+        ps = [t["pvalue"] for t in r["pit"]] + [t["pvalue"] for t in r["hashed"]]
+        ax.scatter([i] * len(ps), np.maximum(ps, 1e-300), label=f"{name}: {r['verdict']}", alpha=0.7)
+    thr = min(t["threshold"] for r in runs.values() for t in r["pit"])
+    ax.axhline(thr, color="0.4", lw=0.8, ls="--", label=f"PIT threshold {thr:.1e}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(runs)), list(runs), fontsize=fontsize)
+    ax.set_ylabel("p-value (PIT and hashed two-sample tests)")
+
 def _plot(result: dict, path: pathlib.Path) -> None:
     """Every test's p-value by sampler (log scale), against the smallest threshold."""
     import numpy as np
@@ -116,14 +129,7 @@ def _plot(result: dict, path: pathlib.Path) -> None:
     plt = pyplot()
     runs = result["runs"]
     fig, ax = plt.subplots(figsize=(8, 4))
-    for i, (name, r) in enumerate(runs.items()):
-        ps = [t["pvalue"] for t in r["pit"]] + [t["pvalue"] for t in r["hashed"]]
-        ax.scatter([i] * len(ps), np.maximum(ps, 1e-300), label=f"{name}: {r['verdict']}", alpha=0.7)
-    thr = min(t["threshold"] for r in runs.values() for t in r["pit"])
-    ax.axhline(thr, color="0.4", lw=0.8, ls="--", label=f"PIT threshold {thr:.1e}")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(runs)), list(runs), fontsize=8)
-    ax.set_ylabel("p-value (PIT and hashed two-sample tests)")
+    _pvalue_panel(ax, runs, fontsize=8)
     ax.set_title(f"transformers {result['transformers']}: assisted generation, top-k {result['top_k']}, "
                  f"{result['samples']} samples", fontsize=9)
     ax.legend(fontsize=7)
@@ -238,14 +244,7 @@ def _plot_jax(result: dict, path: pathlib.Path) -> None:
     plt = pyplot()
     runs = result["runs"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
-    for i, (name, r) in enumerate(runs.items()):
-        ps = [t["pvalue"] for t in r["pit"]] + [t["pvalue"] for t in r["hashed"]]
-        ax.scatter([i] * len(ps), np.maximum(ps, 1e-300), label=f"{name}: {r['verdict']}", alpha=0.7)
-    thr = min(t["threshold"] for r in runs.values() for t in r["pit"])
-    ax.axhline(thr, color="0.4", lw=0.8, ls="--", label=f"PIT threshold {thr:.1e}")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(runs)), list(runs), fontsize=7)
-    ax.set_ylabel("p-value (PIT and hashed two-sample tests)")
+    _pvalue_panel(ax, runs, fontsize=7)
     ax.set_title(f"statistical tests, {result['samples']} samples, T = {result['temperature']}, "
                  f"top-k {result['top_k']} (greedy: T = 0)", fontsize=8)
     ax.legend(fontsize=7)

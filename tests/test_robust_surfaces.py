@@ -47,13 +47,13 @@ def test_gguf_block_count_beyond_its_tensors_is_refused_by_key(tmp_path):
     layers before looking for block 2's tensors (no output after 150 s). The count is checked
     against the blocks the file holds first, naming the key."""
     path = _gguf(tmp_path, metadata={"llama.block_count": 100000})
-    want = (r"llama\.block_count = 100000: the file holds the tensors of 2 blocks \(blk\.0 to blk\.1\); "
+    want = (r"llama\.block_count = 100000, but the file holds the tensors of 2 blocks \(blk\.0 to blk\.1\); "
             r"expected 2")
     for fn in (gguf_config, load_model):
         with pytest.raises(ValueError, match=want):
             fn(path)
     fewer = _gguf(tmp_path, "fewer", metadata={"llama.block_count": 1})  # blk.1's tensors left over
-    with pytest.raises(ValueError, match=r"llama\.block_count = 1: .* 2 blocks .*expected 2"):
+    with pytest.raises(ValueError, match=r"llama\.block_count = 1, but .* 2 blocks .*expected 2"):
         gguf_config(fewer)
 
 

@@ -45,7 +45,7 @@ from flax import nnx
 from jaxspec.core import sampling
 from jaxspec.core.sampling import Warp
 from jaxspec.core.treespec import DynamicTree, StaticTree
-from jaxspec.decode.draft import ModuleDraft, draw_children
+from jaxspec.decode.draft import ModuleDraft, draw_children, model_scheme
 from jaxspec.decode.drafter import Context, DraftLaw, DraftRequest, Outcome, Prompt, Proposal
 from jaxspec.errors import SettingError
 from jaxspec.nn.cache import KVCache, init_cache
@@ -177,7 +177,7 @@ class HeadDraft(ModuleDraft):
         if request.mesh is not None:
             raise SettingError({"mesh": request.mesh}, "a feature-head draft runs on one device; expected mesh None, "
                                "or a draft model")
-        return "without_replacement" if request.scheme is None else request.scheme
+        return model_scheme(request)  # DynamicTree is refused above: the default scheme, or the one asked for
 
     def forwards(self, tree) -> int:
         return tree.depth

@@ -71,7 +71,8 @@ from jaxspec.formats.gguf_tokenizer import GGUFTokenizer, load_gguf_tokenizer  #
 from jaxspec.formats.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
 from jaxspec.formats.packaged import is_packaged_name, packaged_file, packaged_models
 from jaxspec.formats.tokenizer import ByteTokenizer
-from jaxspec.formats.weights import LOAD_DTYPES, assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
+from jaxspec.formats.weights import (LOAD_DTYPES, assemble, cap_context, check_layer_count, check_load_args,
+                                     check_tensor_names, expected_tensors)
 from jaxspec.nn.config import ModelConfig
 from jaxspec.nn.head import HEAD_KEY, FeatureHead, is_head_folder, load_head
 from jaxspec.nn.model import Transformer
@@ -387,7 +388,9 @@ def load_model(
         read_config(folder), dtype=dtype, source=str(folder / CONFIG_FILE), max_context=max_context
     )
     files = _weight_files(folder)
-    _check_layer_count(folder / CONFIG_FILE, config.num_hidden_layers, files)
+    held = {int(name.split(".")[2]) for name in files if name.startswith("model.layers.") and name.split(".")[2].isdigit()}
+    check_layer_count(f"load_model: {folder / CONFIG_FILE}: num_hidden_layers", config.num_hidden_layers, held,
+                      unit="layers", name="model.layers.{}", holder="the weights hold")
     arch = (read_config(folder).get("architectures") or ["LlamaForCausalLM"])[0]
 
     graphdef, state, expected = expected_tensors(config, _hf_name)  # HF name -> TensorSlot
@@ -420,23 +423,6 @@ def load_model(
                 values[path] = jnp.asarray(arr.T if transpose else arr, dtype=pd)
 
     return apply_quantize(assemble(graphdef, state, values), quantize)
-
-
-def _check_layer_count(source: Path, n: int, files: Mapping[str, str]) -> None:
-    """``num_hidden_layers`` against the layers whose tensors the weights hold, before a model
-    of that many layers is built (a config claiming 100,000 layers would build them for
-    minutes before the first missing tensor is named)."""
-    held = {int(name.split(".")[2]) for name in files
-            if name.startswith("model.layers.") and name.split(".")[2].isdigit()}
-    if not held or held == set(range(n)):
-        return
-    if held == set(range(len(held))):
-        raise ValueError(f"load_model: {source}: num_hidden_layers = {n}, but the weights hold the tensors of "
-                         f"{len(held)} layers (model.layers.0 to model.layers.{len(held) - 1}); expected {len(held)}")
-    shown = sorted(held)
-    shown = ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
-    raise ValueError(f"load_model: {source}: num_hidden_layers = {n}, but the weights hold the tensors of layers "
-                     f"{shown}; expected those of model.layers.0 to model.layers.{n - 1}")
 
 
 def _sources(arch: str, config: ModelConfig, expected, files) -> dict[str, tuple[str, tuple[int, int] | None]]:

@@ -52,7 +52,8 @@ from jaxspec.nn.config import ModelConfig
 from jaxspec.formats.gguf_reader import open_reader
 from jaxspec.nn.model import Transformer
 from jaxspec.nn.rope import RopeScaling
-from jaxspec.formats.weights import assemble, cap_context, check_load_args, check_tensor_names, expected_tensors
+from jaxspec.formats.weights import (assemble, cap_context, check_layer_count, check_load_args, check_tensor_names,
+                                     expected_tensors)
 
 __all__ = [
     "GGUF_ARCHITECTURES",
@@ -317,7 +318,8 @@ def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
     tensors = {t.name: t for t in reader.tensors}
     try:
         kwargs = GGUF_ARCHITECTURES[arch](meta, tensors)
-        _check_block_count(arch, kwargs["num_hidden_layers"], tensors)
+        check_layer_count(f"{arch}.block_count", kwargs["num_hidden_layers"], _block_indices(tensors), unit="blocks",
+                          name="blk.{}", holder="the file holds")
         vocab, vocab_key = meta.get(f"{arch}.vocab_size"), f"{arch}.vocab_size"
         if vocab is None and "tokenizer.ggml.tokens" in reader.fields:
             vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -343,21 +345,9 @@ def _config(path_or_reader, dtype, max_context, fn: str) -> ModelConfig:
     return cap_context(config, max_context)
 
 
-def _check_block_count(arch: str, n, tensors: Mapping[str, Any]) -> None:
-    """``{arch}.block_count`` against the blocks whose tensors the file holds, before a model
-    of that many layers is built (a 2-layer file claiming 100,000 layers built them for minutes)."""
-    if isinstance(n, bool) or not isinstance(n, int) or not tensors:  # a non-integer: ModelConfig names it
-        return
-    held = {int(name.split(".")[1]) for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()}
-    if held == set(range(n)):
-        return
-    if held == set(range(len(held))):
-        raise ValueError(f"{arch}.block_count = {n}: the file holds the tensors of {len(held)} blocks "
-                         f"(blk.0 to blk.{len(held) - 1}); expected {len(held)}")
-    shown = sorted(held)
-    shown = ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
-    raise ValueError(f"{arch}.block_count = {n}: the file holds the tensors of blocks {shown or 'none'}; "
-                     f"expected the tensors of blocks blk.0 to blk.{n - 1}")
+def _block_indices(tensors: Mapping[str, Any]) -> set[int]:
+    """The block numbers ``i`` of the file's ``blk.{i}.*`` tensors."""
+    return {int(name.split(".")[1]) for name in tensors if name.startswith("blk.") and name.split(".")[1].isdigit()}
 
 
 def _end_ids(meta: Mapping[str, Any], vocab: int, where: str) -> list:

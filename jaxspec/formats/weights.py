@@ -19,14 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from jaxspec.nn.config import ModelConfig
+from jaxspec.nn.config import ModelConfig, dtype_name
 from jaxspec.nn.model import Transformer
 
 __all__ = ["LOAD_DTYPES", "TensorSlot", "check_load_args", "cap_context", "expected_tensors", "check_tensor_names",
-           "assemble"]
+           "check_layer_count", "assemble"]
 
 LOAD_DTYPES = ("float32", "bfloat16")
 
@@ -45,15 +44,27 @@ def check_load_args(fn: str, dtype, max_context) -> str:
     if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
                                     or max_context < 1):
         raise ValueError(f"{fn}: max_context = {max_context!r}; expected a positive integer or None")
-    name = "float32" if dtype is None else dtype
-    if not isinstance(name, str):
-        try:
-            name = jnp.dtype(name).name
-        except TypeError:
-            pass
+    name = "float32" if dtype is None else dtype_name(dtype)
     if name not in LOAD_DTYPES:
         raise ValueError(f"{fn}: dtype = {dtype!r}; expected one of {LOAD_DTYPES} or None")
     return name
+
+
+def check_layer_count(claim: str, n, held: set[int], *, unit: str, name: str, holder: str) -> None:
+    """A configuration's layer count ``n`` (``claim``, e.g. ``"llama.block_count"``) against the
+    layer indices whose tensors the file holds (``held``), before a model of ``n`` layers is
+    built: a 2-layer file claiming 100,000 layers would build them for minutes before the first
+    missing tensor is named. ``name`` formats a layer's stored prefix (``"blk.{}"``);
+    a non-integer ``n`` is left to :class:`ModelConfig`, which names it."""
+    if isinstance(n, bool) or not isinstance(n, int) or not held or held == set(range(n)):
+        return
+    if held == set(range(len(held))):
+        raise ValueError(f"{claim} = {n}, but {holder} the tensors of {len(held)} {unit} "
+                         f"({name.format(0)} to {name.format(len(held) - 1)}); expected {len(held)}")
+    shown = sorted(held)
+    shown = ", ".join(map(str, shown[:8])) + (", ..." if len(shown) > 8 else "")
+    raise ValueError(f"{claim} = {n}, but {holder} the tensors of {unit} {shown}; "
+                     f"expected those of {name.format(0)} to {name.format(n - 1)}")
 
 
 def cap_context(config: ModelConfig, max_context: int | None) -> ModelConfig:

@@ -37,7 +37,7 @@ import numpy as np
 from jaxspec.checks import is_int
 from jaxspec.nn.rope import RopeScaling
 
-__all__ = ["ModelConfig", "ACTIVATIONS", "LAYER_TYPES"]
+__all__ = ["ModelConfig", "ACTIVATIONS", "LAYER_TYPES", "dtype_name"]
 
 _DTYPES = ("float32", "bfloat16")
 #: ``hidden_act`` values: SwiGLU's SiLU, and GeGLU's tanh-approximated GELU (Gemma)
@@ -160,12 +160,7 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} = {v!r}: expected a bool")
             set_(name, bool(v))
 
-        dtype = self.dtype
-        if not isinstance(dtype, str):
-            try:
-                dtype = jnp.dtype(dtype).name
-            except TypeError:
-                pass
+        dtype = dtype_name(self.dtype)
         if dtype not in _DTYPES:
             raise ValueError(f"ModelConfig.dtype = {self.dtype!r}: expected one of {_DTYPES}")
         set_("dtype", dtype)
@@ -296,6 +291,18 @@ class ModelConfig:
         if missing:
             raise ValueError(f"ModelConfig.from_dict: missing required keys {missing}")
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def dtype_name(dtype):
+    """A dtype given as a string, a numpy/JAX dtype or scalar type, as its name
+    (``jnp.bfloat16`` -> ``"bfloat16"``); anything that is not a dtype comes back unchanged,
+    for the caller's check to name it."""
+    if isinstance(dtype, str):
+        return dtype
+    try:
+        return jnp.dtype(dtype).name
+    except TypeError:
+        return dtype
 
 
 def _check_eos(v, vocab_size: int) -> int | tuple[int, ...] | None:
