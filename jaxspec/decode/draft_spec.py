@@ -4,6 +4,8 @@ take them, beside :func:`~jaxspec.core.treespec.parse_tree` for trees::
     parse_draft("ngram")                     # NgramDraft(): prompt lookup
     parse_draft("ngram:max=4,min=2")         # NgramDraft(max_ngram=4, min_ngram=2)
     parse_draft("layers:8")                  # LayerSkipDraft(8): the target's first 8 layers
+    parse_draft("lookup+default-head")       # (MixedDraft, head params): lookup and a head on two chains
+    parse_draft("ngram:4+smollm2-135m-head") # the same with NgramDraft(max_ngram=4)
     parse_draft("my_drafters:Bigram")        # a user's drafter: module my_drafters, attribute Bigram
     parse_draft("path/to/drafters.py:make")  # the same from a file
     parse_draft("smollm2-135m-head")         # a model or head by name or folder (load_draft)
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from jaxspec.decode.drafter import DRAFTER_METHODS, check_drafter
 
-__all__ = ["parse_draft", "drafter_spec", "parse_ngram", "parse_layers"]
+__all__ = ["parse_draft", "drafter_spec", "parse_ngram", "parse_layers", "parse_mixed", "is_mixed_spec"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -74,6 +76,42 @@ def parse_layers(spec: str):
         return LayerSkipDraft(k)
     except ValueError as e:
         raise ValueError(f"draft spec = {spec!r}: {e}") from None
+
+
+def is_mixed_spec(spec: str) -> bool:
+    """``spec`` names a :class:`~jaxspec.decode.mixed_draft.MixedDraft`: ``LOOKUP+HEAD``,
+    ``LOOKUP`` being ``lookup`` or an n-gram spec (``ngram``, ``ngram:4``, ...)."""
+    lookup, plus, _ = spec.strip().partition("+")
+    return bool(plus) and lookup.strip().partition(":")[0].strip().lower() in ("lookup", "ngram")
+
+
+def parse_mixed(spec: str):
+    """``"lookup+HEAD"`` (or ``"ngram[:...]+HEAD"``): ``(MixedDraft, params)``, prompt lookup
+    and the feature head ``HEAD`` (a name or folder :func:`~jaxspec.formats.checkpoint.load_draft`
+    loads as a head) on a tree of two chains."""
+    from jaxspec.decode.mixed_draft import MixedDraft  # noqa: PLC0415
+    from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
+    from jaxspec.nn.head import FeatureHead  # noqa: PLC0415
+
+    lookup_spec, plus, head_spec = spec.strip().partition("+")
+    if not plus or not is_mixed_spec(spec):
+        raise ValueError(f"draft spec = {spec!r}: expected 'lookup+HEAD' (prompt lookup and a feature head, "
+                         "such as 'lookup+default-head')")
+    head_spec = head_spec.strip()
+    if not head_spec:
+        raise ValueError(f"draft spec = {spec!r}: no head after '+'; expected 'lookup+HEAD', HEAD a feature "
+                         "head's name or folder (such as 'default-head')")
+    lookup_spec = lookup_spec.strip()
+    is_plain = lookup_spec.lower() == "lookup"
+    lookup = parse_ngram("ngram") if is_plain else parse_ngram(lookup_spec)
+    try:
+        head = load_draft(head_spec)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"draft spec = {spec!r}: loading the head {head_spec!r} failed: {e}") from None
+    if not isinstance(head, FeatureHead):
+        raise ValueError(f"draft spec = {spec!r}: {head_spec!r} is a {type(head).__name__}; expected a feature head "
+                         "after '+' (such as 'default-head' or 'smollm2-135m-head')")
+    return MixedDraft.of(head, lookup, name=head_spec)
 
 
 def _user_module(spec: str, module: str):
@@ -125,14 +163,17 @@ def _user_drafter(spec: str, module: str, attr: str):
 
 def drafter_spec(spec: str):
     """The drafter ``spec`` names when it needs no model file (``ngram[...]``, ``layers:K``,
-    ``module:attr``, ``file.py:attr``); ``None`` when it names a model or head (a name, a
-    folder or a file: an existing path always names a model)."""
+    ``module:attr``, ``file.py:attr``), or pairs one with a head (``lookup+HEAD``: the pair
+    ``(MixedDraft, params)``, :func:`parse_mixed`); ``None`` when it names a model or head (a
+    name, a folder or a file: an existing path always names a model)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"draft spec = {spec!r}: expected a non-empty string such as 'ngram', 'layers:8', "
                          "'module:attr' or a model name or folder")
     s = spec.strip()
     if Path(s).exists():
         return None
+    if is_mixed_spec(s):
+        return parse_mixed(s)
     head, sep, tail = s.partition(":")
     kind = head.strip().lower()
     if kind == "ngram":
