@@ -20,7 +20,8 @@ Public API (see docs/DESIGN.md §5):
   :func:`parse_draft`;
 * drafters: the protocol :class:`Drafter` (with :class:`DraftRequest`, :class:`Prompt`,
   :class:`Context`, :class:`DraftLaw`, :class:`Proposal`, :class:`Outcome`; docs/DRAFTERS.md),
-  :class:`NgramDraft` (prompt lookup), :class:`LayerSkipDraft` (the target's first layers);
+  :class:`NgramDraft` (prompt lookup), :class:`LayerSkipDraft` (the target's first layers),
+  :class:`MixedDraft` (prompt lookup and a feature head on two chains);
   a draft :class:`Transformer` or a :class:`FeatureHead` is passed as it is;
 * checkpoints: :func:`load_model` (``"default-target"``, ``"default-draft"`` or a folder),
   :func:`save_model`, :func:`embedded_models`; :class:`ByteTokenizer`, :func:`load_tokenizer`;
@@ -77,6 +78,7 @@ _EXPORTS = {
     **{n: ("jaxspec.decode.generate", n) for n in ("GenerateResult", "generate", "generate_autoregressive")},
     "NgramDraft": ("jaxspec.decode.ngram", "NgramDraft"),
     "LayerSkipDraft": ("jaxspec.decode.layer_skip", "LayerSkipDraft"),
+    "MixedDraft": ("jaxspec.decode.mixed_draft", "MixedDraft"),
     "RoundParts": ("jaxspec.decode.round", "RoundParts"),
     # the drafter protocol and what its methods read and return (jaxspec.decode.drafter)
     **{n: ("jaxspec.decode.drafter", n) for n in (
