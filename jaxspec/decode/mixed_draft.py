@@ -102,7 +102,8 @@ class MixedDraft:
                                "jaxspec.FeatureHead (MixedDraft.of(head) splits one)")
 
     @classmethod
-    def of(cls, head: FeatureHead, lookup: NgramDraft = NgramDraft(), name: str | None = None) -> tuple[MixedDraft, Any]:
+    def of(cls, head: FeatureHead, lookup: NgramDraft = NgramDraft(),
+           name: str | None = None) -> tuple[MixedDraft, Any]:
         """``(MixedDraft, params)`` for a :class:`~jaxspec.FeatureHead` (its ``nnx.state`` the
         params): what :func:`jaxspec.generate` takes as ``draft``."""
         if not isinstance(head, FeatureHead):
