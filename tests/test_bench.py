@@ -506,3 +506,21 @@ def test_cli_rules_tiny(tmp_path, capsys):
     on_disk = json.loads((tmp_path / "rule_gains.json").read_text())
     assert [r["rule"] for r in on_disk["generate"]] == ["token", "block"]
     assert all(_positive(r["tokens_per_s"]) and r["tau"] >= 1.0 for r in on_disk["generate"])
+
+
+def test_real_modes_refuses_bad_arguments_by_flag(capsys):
+    """benchmarks/real_modes.py names the flag and the value before loading any model."""
+    import importlib.util  # noqa: PLC0415
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "real_modes.py"
+    spec = importlib.util.spec_from_file_location("real_modes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod._mode("runs/x/final chain:2") == ("runs/x/final", "chain:2")
+    assert mod._mode("lookup+smollm2-135m-head branch:2,1,1") == ("lookup+smollm2-135m-head", "branch:2,1,1")
+    for argv, needle in ((["--mode", "head"], "--mode 'head': expected 'DRAFTER TREE'"),
+                         (["--mode", "head chain:1", "--prompts", "9"], "--prompts 9: expected 1 to 8")):
+        with pytest.raises(SystemExit) as e:
+            mod.main(argv)
+        assert e.value.code == 2
+        assert needle in capsys.readouterr().err

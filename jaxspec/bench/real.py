@@ -50,7 +50,7 @@ class RealBenchConfig:
     batches: tuple[int, ...]
     max_new_tokens: int
     repeats: int
-    modes: tuple[tuple[str, str], ...]  # (drafter, tree): "ngram", "layers:K", "head" or "head-whole"
+    modes: tuple[tuple[str, str], ...]  # (drafter, tree): "head", "head-whole" or a parse_draft spec
     skip: tuple[tuple[float, int], ...] = ()  # (temperature, batch) cells left out
 
 
@@ -71,15 +71,12 @@ CONFIGS = {
 
 
 def _drafter(kind: str):
-    """The drafter of a mode; None when it is not installed (the head)."""
-    from jaxspec.decode.ngram import NgramDraft  # noqa: PLC0415
+    """The drafter of a mode; None when it is not installed (the head). ``head`` and
+    ``head-whole`` are the shipped head's two modes; any other ``kind`` is a
+    :func:`jaxspec.parse_draft` spec (``ngram``, ``layers:K``, ``lookup+smollm2-135m-head``, a
+    head's folder)."""
+    from jaxspec.decode.draft_spec import parse_draft  # noqa: PLC0415
 
-    if kind == "ngram":
-        return NgramDraft()
-    if kind.startswith("layers:"):
-        from jaxspec.decode.draft_spec import parse_layers  # noqa: PLC0415
-
-        return parse_layers(kind)
     if kind in ("head", "head-whole"):
         from jaxspec.formats.checkpoint import load_draft  # noqa: PLC0415
         from jaxspec.nn.head import whole_vocab  # noqa: PLC0415
@@ -90,7 +87,11 @@ def _drafter(kind: str):
             common.log(f"real: no {HEAD} ({e}); its mode is left out")
             return None
         return head if kind == "head" else whole_vocab(head)
-    raise ValueError(f"RealBenchConfig.modes: drafter {kind!r}; expected 'ngram', 'layers:K', 'head' or 'head-whole'")
+    try:
+        return parse_draft(kind)
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"RealBenchConfig.modes: drafter {kind!r}; expected 'head', 'head-whole' or a "
+                         f"jaxspec.parse_draft spec ({e})") from None
 
 
 def run(size: str = "quick", *, config: RealBenchConfig | None = None) -> dict:
