@@ -133,6 +133,20 @@ def test_greedy_speculative_with_prompt_lookup_equals_transformers(ours, prompt,
     _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, "speculative (prompt lookup)")
 
 
+@pytest.mark.parametrize("spec", ["smollm2-135m-head", "lookup+smollm2-135m-head"])
+def test_greedy_speculative_with_the_shipped_head_equals_transformers(ours, prompt, hf_greedy, spec):
+    """The shipped head on the tree it carries (``tree=None``), and lookup beside it on two
+    chains: greedy output is transformers' greedy output (up to a near-tie)."""
+    from jaxspec import parse_draft  # noqa: PLC0415
+
+    res = generate(jax.random.key(0), ours, parse_draft(spec), [prompt], max_new_tokens=NEW,
+                   sampling=Sampling(temperature=0.0), stop_tokens=())
+    got = _tokens(res)
+    assert len(got) == NEW
+    _first_difference_is_a_near_tie(ours, prompt, got, hf_greedy, f"speculative ({spec})")
+    assert res.summary()["tokens_per_target_call"] > 1.0  # drafts were accepted: the rounds were speculative
+
+
 # --------------------------------------------------------------------------- the command line
 def _cli(capsys, *argv):
     from jaxspec.cli import main
