@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -54,7 +55,7 @@ def _args(argv):
     p.add_argument("--layers", default=",".join(map(str, LAYERS)), help="the multi-layer head's target layers")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--stage", choices=("eval-answers", "features", "train", "evaluate", "all"), default="all")
-    p.add_argument("--only", default=None, help="train only this run (e.g. last-all, multi-all)")
+    p.add_argument("--only", default=None, help="train only this run (e.g. last-all, multi-all), in this process")
     p.add_argument("--out", default=str(HERE / "results"))
     return p.parse_args(argv)
 
@@ -176,12 +177,21 @@ def main(argv=None) -> int:
     if not records:
         raise SystemExit(f"head_scaling: {args.data}/answers holds no answers; run the recipe's answers stage first")
     plan = _plan(records, [p.strip() for p in args.points.split(",") if p.strip()], args.multi_at)
+    if args.only is not None and args.only not in plan:
+        raise SystemExit(f"head_scaling: --only {args.only!r}; expected one of the planned runs {list(plan)}")
     if args.stage in ("features", "train", "all"):
         cache = build_feature_cache(target, [r.tokens for r in records], work / "features", feature_layers=layers)
-    if args.stage in ("train", "all"):
-        for name, ids in plan.items():
-            if args.only is None or args.only == name:
-                _train(target, cache, name, ids, args.steps, work, layers)
+    if args.stage in ("train", "all") and args.only is not None:
+        _train(target, cache, args.only, plan[args.only], args.steps, work, layers)
+    elif args.stage in ("train", "all"):
+        # each run in a process of its own: a run's copies of the cache (GBs with taps) and
+        # device arrays outlived it, and the second run of one process was killed for memory
+        # (20.8 GB resident on this 24 GB machine)
+        del cache
+        common = ["--data", args.data, "--work", args.work, "--points", args.points, "--multi-at", args.multi_at,
+                  "--layers", args.layers, "--steps", str(args.steps), "--stage", "train"]
+        for name in plan:
+            subprocess.run([sys.executable, __file__, *common, "--only", name], check=True)
     if not (run_all or args.stage == "evaluate"):
         return 0
     runs = []

@@ -112,3 +112,8 @@ def test_a_selection_of_sequences_is_their_own_cache(target, tmp_path):
     np.testing.assert_array_equal(part.lse[len(seqs[7]):], cache.lse[at])
     with pytest.raises(ValueError, match=r"select_sequences: ids = 2 indices; expected distinct sequence indices in 0..11"):
         select_sequences(cache, [3, 3])
+    # every sequence in order: the same arrays (a copy of SmolLM2's cache with taps is 2.8 GB),
+    # under the selection's own digest, as the copying path would name it
+    whole = select_sequences(cache, range(12))
+    assert whole.feats is cache.feats and whole.taps is cache.taps and whole.seq is cache.seq
+    assert whole.digest not in (cache.digest, select_sequences(cache, [1, 0, *range(2, 12)]).digest)
