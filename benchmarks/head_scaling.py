@@ -144,14 +144,18 @@ def _plot(report: dict, path: pathlib.Path) -> None:
                             label=f"depth {d}, multi-layer")
         ship = report.get("shipped")
         if ship:
-            ax.plot([ship["answer_tokens"]], [ship["eval"][label]["mix"]["depth_1"]], "s", color="gray",
-                    label="shipped v1 head, depth 1")
+            for d, color in zip((1, 2, 3), ("C0", "C1", "C2")):
+                ax.plot([ship["answer_tokens"]], [ship["eval"][label]["mix"][f"depth_{d}"]], "s", mfc="none",
+                        color=color, label=f"depth {d}, shipped v1 head (other data, 3,000 steps)")
         ax.set_xscale("log")
+        ticks = sorted({r["answer_tokens"] for r in report["runs"]} | ({ship["answer_tokens"]} if ship else set()))
+        ax.set_xticks(ticks, [f"{t / 1000:.0f}k" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("training answer tokens")
         ax.set_title(f"held-out task mix, {'greedy' if label == 'T0' else 'T = 1'}")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("acceptance (teacher forced)")
-    axes[0].axhline(0.55, ls=":", color="k", lw=1)
+    axes[0].set_ylabel("acceptance at depth d given d - 1\n(teacher forced)", fontsize=9)
+    axes[0].axhline(0.55, ls=":", color="k", lw=1, label="goal at depth 1, T = 0")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
