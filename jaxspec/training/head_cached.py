@@ -151,10 +151,12 @@ def _eval_sums(head, target, idx, data, depths: int):
 
 
 def evaluate_cached(head: FeatureHead, target: Transformer, cache: FeatureCache, windows: np.ndarray, *,
-                    unroll: int = 1, batch_size: int = 8) -> dict[str, float]:
+                    unroll: int = 1, batch_size: int = 8, data: tuple | None = None) -> dict[str, float]:
     """Held-out metrics over ``windows`` (``int32[n, T + 1]`` cached positions): ``alpha``,
-    ``alpha_depth_s``, ``coverage``, ``val_kl``, ``val_feature_loss`` (module docstring)."""
-    data = _device_data(cache, head)
+    ``alpha_depth_s``, ``coverage``, ``val_kl``, ``val_feature_loss`` (module docstring).
+    ``data``: the cache's device arrays when the caller holds them already (a copy of
+    SmolLM2's cache with two taps is 2.8 GB; training passes its own)."""
+    data = _device_data(cache, head) if data is None else data
     sums = None
     for i in range(0, len(windows), batch_size):
         out = _eval_sums(head, target, jnp.asarray(windows[i : i + batch_size, :-1]), data, unroll)
@@ -241,7 +243,7 @@ def train_head_cached(
                  "feature_layers": None if feature_layers is None else list(feature_layers)}
 
     def evaluate(h):
-        return evaluate_cached(h, target, cache, val, unroll=unroll)
+        return evaluate_cached(h, target, cache, val, unroll=unroll, data=data)
 
     before = evaluate(head)
     tg, tp = nnx.split(target)
