@@ -106,13 +106,18 @@ def _propose(mixed, params, target, state, ctx, keys, tree):
     return nnx.jit(lambda t, p, s, c, k: mixed.propose(p, t, s, c, k, law))(target, params, state, ctx, keys)
 
 
-def test_lookup_chain_on_even_nodes_and_the_heads_greedy_chain_on_odd_nodes():
+def _first_proposal():
+    """The embedded head and lookup on ``branch:2,1,1``: the first round's proposal for PROMPTS."""
     target, head = _models()
     mixed, params = MixedDraft.of(head)
     tree = resolve_tree("branch:2,1,1")
     state, ctx = _start(mixed, params, target, tree)
     keys = jax.random.split(jax.random.key(0), len(PROMPTS))
-    prop = _propose(mixed, params, target, state, ctx, keys, tree)
+    return target, head, mixed, params, tree, state, ctx, keys, _propose(mixed, params, target, state, ctx, keys, tree)
+
+
+def test_lookup_chain_on_even_nodes_and_the_heads_greedy_chain_on_odd_nodes():
+    target, head, mixed, params, tree, state, ctx, keys, prop = _first_proposal()
     assert prop.probs is None and prop.parents is None and prop.has_draft is None  # fixed choices, every row
     tokens = np.asarray(prop.tokens)
     assert tokens.shape == (2, 6)
@@ -134,12 +139,7 @@ def test_the_heads_commit_reads_the_accepted_path_of_either_chain():
     """Committing the two-chain tree's outcome leaves the head in the state the head alone
     reaches committing the same path on its chain: rows accept the head's chain (nodes 1, 3),
     lookup's (nodes 0, 2, 4) and nothing."""
-    target, head = _models()
-    mixed, params = MixedDraft.of(head)
-    tree = resolve_tree("branch:2,1,1")
-    state, ctx = _start(mixed, params, target, tree)
-    keys = jax.random.split(jax.random.key(0), len(PROMPTS))
-    prop = _propose(mixed, params, target, state, ctx, keys, tree)
+    target, head, mixed, params, tree, state, ctx, keys, prop = _first_proposal()
     b, n = 2, tree.num_nodes
     feats = jax.random.normal(jax.random.key(1), (b, n + 1, 16), jnp.float32)  # the target's, of [root] + nodes
     mixed_nodes = np.asarray([[1, 3, -1, -1, -1, -1], [0, 2, 4, -1, -1, -1]], np.int32)
