@@ -49,27 +49,11 @@ def _cost_model():
     return mod
 
 
-def _head_step(head, target):
-    """The head as ``forward_loop`` calls a model: its forward and its (reduced) LM head."""
-    from flax import nnx
-
-    class HeadStep(nnx.Module):
-        def __init__(self):
-            self.head, self.target, self.config = head, target, head.config
-
-        def __call__(self, tokens, positions, cache, mask):
-            feats = self.target.embed(tokens)  # stands in for the target's features (same shape)
-            h, cache = self.head(self.target, feats, tokens, positions, cache, mask)
-            return self.head.logits(self.target, h), cache
-
-    return HeadStep()
-
-
 def forward_costs(target, head, max_t: int, max_w: int, loops: int, repeats: int) -> tuple[dict, dict]:
     """``({t: ms} of the target, {w: ms} of the head step)``, all timed side by side."""
-    from jaxspec.bench.common import forward_loop, time_calls
+    from jaxspec.bench.common import forward_loop, head_step, time_calls
 
-    step = _head_step(head, target)
+    step = head_step(head, target)
     calls = {("target", t): (forward_loop([(target, t)], 1, CACHE + 64, CACHE, loops), (0,)) for t in range(1, max_t + 1)}
     calls.update({("head", w): (forward_loop([(step, w)], 1, CACHE + 64, CACHE, loops), (0,))
                   for w in range(1, max_w + 1)})

@@ -1,6 +1,7 @@
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import os
+import re
 import shutil
 import tempfile
 
@@ -108,3 +109,47 @@ def pytest_collection_modifyitems(config, items):
     whole = [n for n in (item.nodeid for item in items) if n.split("::")[0] not in partial]
     # read by tests/test_long_tests.py::test_no_entry_is_stale (a failing test, not a crashed worker)
     config.stash[STALE_LONG] = stale_long_entries([e for e in LONG if e.split("::")[0] not in partial], whole)
+
+
+# The `real` mark: tests that need the optional packages CI installs only for its last stage,
+# which runs `-m real` alone. A test skipped for want of one of them but not marked `real` would
+# run in no CI stage at all, so such a skip fails instead (in CI's first stages, where they are
+# missing): mark the test, its parameter or its module `real`.
+EXTRAS = ("torch", "transformers", "gguf", "tokenizers", "jinja2", "accelerate")
+_MISSING_EXTRA = re.compile(r"could not import '(%s)\b" % "|".join(EXTRAS))
+
+
+def unmarked_extra_skip(reason: str, marked_real: bool) -> str | None:
+    """The failure message for a skip for want of an optional package in a test not marked
+    ``real``, or None when the skip is in order."""
+    m = _MISSING_EXTRA.search(reason)
+    if m is None or marked_real:
+        return None
+    return (f"skipped for want of {m.group(1)!r} but not marked `real`, so no CI stage would run it: "
+            "add @pytest.mark.real (or pytestmark = pytest.mark.real before the module's importorskip)")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        message = unmarked_extra_skip(_skip_reason(report), item.get_closest_marker("real") is not None)
+        if message:
+            report.outcome, report.longrepr = "failed", f"{item.nodeid}: {message}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and isinstance(collector, pytest.Module):
+        source = pathlib.Path(collector.path).read_text(encoding="utf-8")
+        message = unmarked_extra_skip(_skip_reason(report), "pytestmark = pytest.mark.real" in source)
+        if message:
+            report.outcome, report.longrepr = "failed", f"{collector.nodeid}: {message}"

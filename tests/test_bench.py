@@ -432,6 +432,9 @@ def test_compile_process_rows_second_processes_load_the_first_ones_programs():
     assert "second process, a prompt of another length" in table and off in table
 
 
+# `slow` (91 s: four verify processes): test_compile_cache's test_a_second_verify_loads_its_block_programs
+# checks the same loading, and the target-only rows above the table plumbing
+@pytest.mark.slow
 def test_compile_process_rows_time_a_second_verify(monkeypatch):
     """The ``verify`` mode: first and second ``jaxspec verify`` processes per store, whose
     first call is the harness's first speculative block; the second stores nothing new."""

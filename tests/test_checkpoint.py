@@ -438,6 +438,7 @@ def _write_tokenizer(folder, words):
 _WORDS = ["<unk>", "<eos>", "def", "f", "(", ")", ":", "x", "return", "+", "1"] + [f"w{i}" for i in range(20)]
 
 
+@pytest.mark.real
 def test_hf_tokenizer(tmp_path):
     from jaxspec.formats.checkpoint import load_tokenizer
     from jaxspec.formats.hf_tokenizer import HFTokenizer
@@ -475,6 +476,7 @@ def _pair(tmp_path, draft_vocab=40):
     return target, draft
 
 
+@pytest.mark.real
 def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
     from jaxspec.cli import main
 
@@ -498,6 +500,7 @@ def test_generate_cli_with_tokenizer_json(tmp_path, capsys):
     assert "byte-level" in capsys.readouterr().err
 
 
+@pytest.mark.real
 def test_generate_cli_refuses_vocab_mismatch(tmp_path, capsys):
     from jaxspec.cli import main
 

@@ -438,6 +438,7 @@ def _prompt_ids(monkeypatch, capsys, argv):
     return code, capsys.readouterr().err
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("vocab", [264, 40])
 def test_generate_and_verify_tokenize_text_alike(monkeypatch, capsys, tmp_path, vocab):
     """A folder with tokenizer.json: both commands encode --prompt text with it, whatever the

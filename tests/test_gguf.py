@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.real  # the last CI stage's (-m real): needs the hf or gguf extra
 gguf = pytest.importorskip("gguf")
 
 from flax import nnx  # noqa: E402

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.real  # the last CI stage's (-m real): needs the hf or gguf extra
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")

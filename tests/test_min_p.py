@@ -44,6 +44,7 @@ def test_min_p_keeps_exact_ties_of_the_most_likely():
     np.testing.assert_allclose(warp_probs(logits, min_p=1.0), [0.5, 0.5, 0])
 
 
+@pytest.mark.real
 def test_min_p_matches_transformers():
     """The same kept set and law as transformers' MinPLogitsWarper after its temperature,
     top-k and top-p warpers (the order generate(do_sample=True) applies them)."""

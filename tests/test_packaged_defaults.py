@@ -4,6 +4,7 @@
 
 import pytest
 
+pytestmark = pytest.mark.real  # the last CI stage's (-m real): needs the hf or gguf extra
 pytest.importorskip("gguf")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.real  # the last CI stage's (-m real): needs the hf or gguf extra
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

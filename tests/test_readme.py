@@ -61,7 +61,7 @@ def test_readme_has_python_blocks_each_with_its_output():
 def _skip_without_what_it_needs(code: str) -> None:
     """A block on a packaged GGUF model (docs/REAL_MODELS.md) needs the ``gguf`` extra and the
     package carrying the file, which CI's last stage installs; without them it is skipped."""
-    if "smollm2-135m" not in code:
+    if not _needs_a_packaged_model(code):
         return
     for module in ("gguf", "tokenizers", "jinja2"):
         pytest.importorskip(module)
@@ -71,6 +71,16 @@ def _skip_without_what_it_needs(code: str) -> None:
         packaged_file("smollm2-135m")
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+def _needs_a_packaged_model(code: str) -> bool:
+    return "smollm2-135m" in code
+
+
+def _real_if_needed(block: tuple):
+    """A block on a packaged model is marked ``real``: CI's last stage, which installs what it
+    needs, runs it (``-m real``)."""
+    return pytest.param(*block, marks=pytest.mark.real) if _needs_a_packaged_model(block[-2]) else block
 
 
 def _check_block(doc: str, line: int, code: str, want: str | None, tmp_path) -> None:
@@ -85,12 +95,13 @@ def _check_block(doc: str, line: int, code: str, want: str | None, tmp_path) -> 
         f"{doc} block at line {line} printed\n{got}\nbut it says\n{expected}")
 
 
-@pytest.mark.parametrize("line, code, want", BLOCKS, ids=[f"line{line}" for line, _, _ in BLOCKS])
+@pytest.mark.parametrize("line, code, want", [_real_if_needed(b) for b in BLOCKS], ids=[f"line{line}" for line, _, _ in BLOCKS])
 def test_readme_block_prints_what_the_readme_says(line, code, want, tmp_path):
     _check_block("README.md", line, code, want, tmp_path)
 
 
-@pytest.mark.parametrize("doc, line, code, want", DOC_BLOCKS, ids=[f"{d}:{line}" for d, line, _, _ in DOC_BLOCKS])
+@pytest.mark.parametrize("doc, line, code, want", [_real_if_needed(b) for b in DOC_BLOCKS],
+                         ids=[f"{d}:{line}" for d, line, _, _ in DOC_BLOCKS])
 def test_doc_block_prints_what_the_doc_says(doc, line, code, want, tmp_path):
     _check_block(f"docs/{doc}", line, code, want, tmp_path)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.real  # the last CI stage's (-m real): needs the hf or gguf extra
 gguf = pytest.importorskip("gguf")
 
 from _gguf_writer import write_gguf  # noqa: E402

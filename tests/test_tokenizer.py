@@ -58,7 +58,7 @@ def _word_tokenizer(bos_id=None, eos_id=None):
     return HFTokenizer(tok, bos_id=bos_id, eos_id=eos_id, source="words")
 
 
-@pytest.mark.parametrize("kind", ["byte", "hf"])
+@pytest.mark.parametrize("kind", ["byte", pytest.param("hf", marks=pytest.mark.real)])
 def test_bos_eos_framing_is_shared(kind):
     """Both tokenizers frame ids in BaseTokenizer.encode: [BOS] + ids + [EOS] on request."""
     tok = ByteTokenizer() if kind == "byte" else _word_tokenizer(bos_id=1, eos_id=2)
@@ -74,6 +74,7 @@ def test_bos_eos_framing_is_shared(kind):
         tok.encode(b"a")
 
 
+@pytest.mark.real
 def test_missing_special_is_named():
     tok = _word_tokenizer(eos_id=2)
     assert tok.encode("a", add_eos=True) == [3, 2]

