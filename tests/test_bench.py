@@ -527,3 +527,43 @@ def test_real_modes_refuses_bad_arguments_by_flag(capsys):
             mod.main(argv)
         assert e.value.code == 2
         assert needle in capsys.readouterr().err
+
+
+def test_round_cost_draft_widths_of_a_model_and_of_a_head():
+    from jaxspec.bench.round_cost import draft_widths
+    from jaxspec.core.treespec import parse_tree
+
+    assert draft_widths(parse_tree("chain:3")) == (2, 1, 1)  # [prev, root], then each level above the deepest
+    assert draft_widths(parse_tree("chain:3"), head=True) == (4, 1, 1)  # the head's depth + 1 pending pairs
+    assert draft_widths(parse_tree("branch:2,2"), head=True) == (3, 2)
+
+
+def test_round_cost_with_a_feature_head(monkeypatch):
+    """round_cost's rows for a feature head (as benchmarks/smollm2_round.py runs SmolLM2's):
+    the head's forward widths, and a round in one-token target forwards split into its
+    forwards and the rest."""
+    from _tiny import tiny_head
+    from jaxspec.bench import round_cost
+
+    target, _ = common.model_pair("tiny")
+    monkeypatch.setattr(round_cost.common, "model_pair", lambda kind: (target, tiny_head(target)))
+    cfg = dataclasses.replace(round_cost.CONFIGS["tiny"], profile=False)
+    report = round_cost.run("tiny", config=cfg)
+    (row,) = report["rows"]
+    assert row["draft_forwards"] == [3, 1] and row["tree"] == "chain:2"
+    assert row["round_steps"] > 0 and row["forwards_steps"] > 0
+    assert row["not_forwards_steps"] == pytest.approx(row["round_steps"] - row["forwards_steps"])
+    assert "not_forwards_steps_max" in report["headline"]
+    assert "round in target steps" in round_cost.table(report)
+
+
+def test_smollm2_round_refuses_bad_arguments(capsys):
+    import importlib.util  # noqa: PLC0415
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "smollm2_round.py"
+    spec = importlib.util.spec_from_file_location("smollm2_round", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--tokens", "1"])
+    assert e.value.code == 2 and "--tokens 1 --repeats 5: expected at least 2 tokens" in capsys.readouterr().err

@@ -102,7 +102,12 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
     depth_full = full_mask.sum(axis=1) - 1  # [N + 1], root 0
     pos_all = root_slot[:, None] + jnp.asarray(depth_full, jnp.int32)[None, :]  # [B, N + 1]
     parent_rows = tree.parents_array + 1  # [N] numpy: each node's row in [root] + nodes
+    # a reduced vocabulary (its K ids) is warped and drawn over those K ids, and its laws are
+    # scattered into V for the rule: the tokens are drawn from exactly the laws the rule reads,
+    # and a level costs K-wide work instead of V-wide (at K = 8,192 of 49,152, a sixth)
+    ids = None if head.draft_vocab is None else head.draft_vocab.get_value()  # int32[K]
     node_tokens = jnp.zeros((b, n), jnp.int32)
+    node_k = jnp.zeros((b, n), jnp.int32)  # with ids: the drafted tokens as indices into ids
     draft_probs = jnp.zeros((b, n + 1, v), jnp.float32)
     node_h = jnp.zeros((b, n + 1, head.config.hidden_size), jnp.float32)  # predicted features
     bounds = [(0, 1)] + [(s + 1, e + 1) for s, e in tree.levels]
@@ -117,9 +122,15 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
             h, cache = head(target, feats, toks, pos_all[:, a:z], cache.replace(lengths=root_slot + a),
                             mask_all[:, a:z])
         node_h = node_h.at[:, a:z].set(h)
-        probs = warp(head.logits(target, h), temperature)  # [B, z - a, V]
-        draft_probs = draft_probs.at[:, a:z].set(probs)
-        node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens, draw)
+        if ids is None:
+            probs = warp(head.logits(target, h), temperature)  # [B, z - a, V]
+            draft_probs = draft_probs.at[:, a:z].set(probs)
+            node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens, draw)
+        else:
+            probs = warp(target.unembed_rows(h, ids), temperature)  # [B, z - a, K]
+            draft_probs = draft_probs.at[:, a:z, ids].set(probs)
+            node_k = draw_children(tree, lvl, a, probs, keys, scheme, node_k, draw)
+            node_tokens = jnp.take(ids, node_k)  # [B, N]
     return node_tokens, draft_probs, state._replace(cache=cache.replace(lengths=lh))
 
 
