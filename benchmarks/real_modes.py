@@ -51,11 +51,7 @@ def main(argv=None) -> int:
     cfg = real.RealBenchConfig(prompts_per_category=args.prompts, temperatures=args.temperatures,
                                batches=args.batches, max_new_tokens=args.tokens, repeats=1, modes=tuple(args.mode))
     report = real.run("quick", config=cfg)
-    report["command"] = "python benchmarks/real_modes.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    files = common.write_report(report, args.out, args.name, real.plot)
-    print(real.table(report))
-    print(f"wrote {files['json']} and {files['png']}")
-    return 0
+    return common.publish(report, real, "real_modes.py", argv, args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=96, help="new tokens per call (no stop token)")
     p.add_argument("--repeats", type=int, default=5, help="timed turns (medians)")
-    p.add_argument("--trees", default="chain:1,chain:2,chain:3,chain:4", help="comma-separated static trees")
+    p.add_argument("--trees", default="chain:1,chain:2,chain:3,chain:4", help="static trees, comma-separated (';'-separated when a tree has commas: 'chain:1;branch:2,1,1')")
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--name", default="smollm2_round")
     p.add_argument("--out", default="benchmarks/results")
@@ -36,11 +36,7 @@ def main(argv=None) -> int:
                               trees=tuple(t for t in args.trees.split(";" if ";" in args.trees else ",") if t),
                               temperatures=tuple(float(t) for t in args.temperatures.split(",")))
     report = round_cost.run("full", config=cfg)
-    report["command"] = "python benchmarks/smollm2_round.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    files = common.write_report(report, args.out, args.name, round_cost.plot)
-    print(round_cost.table(report))
-    print(f"wrote {files['json']} and {files['png']}")
-    return 0
+    return common.publish(report, round_cost, "smollm2_round.py", argv, args.out, args.name)
 
 
 if __name__ == "__main__":

@@ -567,3 +567,19 @@ def test_smollm2_round_refuses_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         mod.main(["--tokens", "1"])
     assert e.value.code == 2 and "--tokens 1 --repeats 5: expected at least 2 tokens" in capsys.readouterr().err
+
+
+def test_publish_records_the_command_and_writes_both_files(tmp_path, capsys):
+    """common.publish, the end of the scripts in benchmarks/: the command in the report, the
+    JSON and the plot on disk, the table on stdout."""
+    import types  # noqa: PLC0415
+
+    def plot(report, path):
+        pathlib.Path(path).write_bytes(b"png")
+
+    module = types.SimpleNamespace(plot=plot, table=lambda report: f"| rows | {len(report['rows'])} |")
+    report = {"rows": [1, 2]}
+    assert common.publish(report, module, "x.py", ["--tokens", "8"], tmp_path, "x") == 0
+    assert json.loads((tmp_path / "x.json").read_text())["command"] == "python benchmarks/x.py --tokens 8"
+    assert (tmp_path / "x.png").read_bytes() == b"png"
+    assert capsys.readouterr().out == f"| rows | 2 |\nwrote {tmp_path / 'x.json'} and {tmp_path / 'x.png'}\n"

@@ -48,6 +48,7 @@ __all__ = [
     "machine_info",
     "default_out_dir",
     "write_report",
+    "publish",
     "jsonable",
     "pyplot",
     "TINY_VOCAB",
@@ -398,6 +399,19 @@ def write_report(report: dict, out_dir, name: str, plot: Callable[[dict, pathlib
     jpath.write_text(json.dumps(jsonable(report), indent=2) + "\n")
     plot(report, ppath)
     return {"json": str(jpath), "png": str(ppath)}
+
+
+def publish(report: dict, module, script: str, argv, out_dir, name: str) -> int:
+    """What a script in ``benchmarks/`` does with its report: record the command that made it
+    (``python benchmarks/<script> <argv>``; ``argv`` None: this process's), write
+    ``<name>.json`` and ``.png`` with ``module.plot`` (:func:`write_report`) and print
+    ``module.table``. Returns 0, the script's exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    report["command"] = " ".join(["python", f"benchmarks/{script}", *args])
+    files = write_report(report, out_dir, name, module.plot)
+    print(module.table(report))
+    print(f"wrote {files['json']} and {files['png']}")
+    return 0
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
