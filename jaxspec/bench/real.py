@@ -52,6 +52,7 @@ class RealBenchConfig:
     repeats: int
     modes: tuple[tuple[str, str], ...]  # (drafter, tree): "head", "head-whole" or a parse_draft spec
     skip: tuple[tuple[float, int], ...] = ()  # (temperature, batch) cells left out
+    categories: tuple[str, ...] = CATEGORIES  # the task mix's categories measured, in its order
 
 
 # the head's tree: jaxspec generate's default for this target (PackagedModel.tree, chosen by
@@ -66,7 +67,7 @@ CONFIGS = {
     "quick": RealBenchConfig(prompts_per_category=2, temperatures=(0.0, 1.0), batches=(1,), max_new_tokens=64,
                              repeats=1, modes=_MODES),
     "tiny": RealBenchConfig(prompts_per_category=1, temperatures=(1.0,), batches=(1,), max_new_tokens=8, repeats=1,
-                            modes=(("ngram", "chain:4"),)),
+                            modes=(("ngram", "chain:4"),), categories=("code", "summary")),
 }
 
 
@@ -101,11 +102,11 @@ def run(size: str = "quick", *, config: RealBenchConfig | None = None) -> dict:
     cfg = CONFIGS[common.check_size(size)] if config is None else config
     target, tok = jaxspec.load_model(TARGET), jaxspec.load_tokenizer(TARGET)
     drafters = {f"{kind} {tree}": (d, tree) for kind, tree in cfg.modes if (d := _drafter(kind)) is not None}
-    prompts = {c: [tok.encode_chat(m) for m in messages_of(c)[: cfg.prompts_per_category]] for c in CATEGORIES}
+    prompts = {c: [tok.encode_chat(m) for m in messages_of(c)[: cfg.prompts_per_category]] for c in cfg.categories}
     rows = []
     for temp in cfg.temperatures:
         for batch in cfg.batches:
-            for cat in CATEGORIES if (temp, batch) not in cfg.skip else ():
+            for cat in cfg.categories if (temp, batch) not in cfg.skip else ():
                 rows += _measure(cfg, target, tok.eos_id, drafters, cat, prompts[cat], temp, batch)
     report = {"benchmark": NAME, "size": size, "quick": size != "full", "machine": common.machine_info(),
               "config": dataclasses.asdict(cfg), "target": TARGET, "modes": list(drafters),
@@ -196,13 +197,14 @@ def headline(report: dict) -> dict:
 
 def table(report: dict) -> str:
     """Markdown: per (temperature, batch, mode) tau and speedup per category, then over all."""
-    lines = ["| T | batch | mode | " + " | ".join(CATEGORIES) + " | all (geo. mean) |",
-             "|---|---|---|" + "---|" * (len(CATEGORIES) + 1)]
+    cats = _categories(report)
+    lines = ["| T | batch | mode | " + " | ".join(cats) + " | all (geo. mean) |",
+             "|---|---|---|" + "---|" * (len(cats) + 1)]
     for s in report["summary"]:
         if s["mode"] == "target-only":
             continue
         cells = []
-        for c in CATEGORIES:
+        for c in cats:
             r = next((r for r in report["rows"] if (r["category"], r["temperature"], r["batch"], r["mode"])
                       == (c, s["temperature"], s["batch"], s["mode"])), None)
             cells.append("" if r is None else f"{r['speedup']:.2f}× (τ {r['tau']:.2f})")
@@ -211,9 +213,15 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _categories(report: dict) -> tuple[str, ...]:
+    """The categories a report measured (reports written before the field: all of them)."""
+    return tuple(report["config"].get("categories", CATEGORIES))
+
+
 def plot(report: dict, path) -> None:
     """Speedup over target-only per category and mode, one panel per (temperature, batch)."""
     plt = common.pyplot()
+    cats = _categories(report)
     panels = list(dict.fromkeys((s["temperature"], s["batch"]) for s in report["summary"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
     modes = report["modes"]
@@ -222,10 +230,10 @@ def plot(report: dict, path) -> None:
         for j, mode in enumerate(modes):
             vals = [next((r["speedup"] for r in report["rows"] if (r["category"], r["temperature"], r["batch"],
                                                                    r["mode"]) == (c, t, b, mode)), np.nan)
-                    for c in CATEGORIES]
-            ax.bar(np.arange(len(CATEGORIES)) + (j - (len(modes) - 1) / 2) * width, vals, width, label=mode)
+                    for c in cats]
+            ax.bar(np.arange(len(cats)) + (j - (len(modes) - 1) / 2) * width, vals, width, label=mode)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xticks(np.arange(len(CATEGORIES)), CATEGORIES, fontsize=8)
+        ax.set_xticks(np.arange(len(cats)), cats, fontsize=8)
         ax.set_ylabel("speedup vs target-only (same turns)")
         ax.set_title(f"temperature {t:g}, batch {b}")
         ax.legend(fontsize=8)
