@@ -9,7 +9,8 @@ prompt (1, 2, 3), L = 6 tokens, 256 samples per correct configuration, keys 1 (d
 each result; a mutant is rejected when the Bonferroni-adjusted smallest p-value (tests x
 min p) is below 1e-6. Changed after looking, and reported as such in docs/EVIDENCE.md ("Without enumeration"):
 the mutants' sample count (512 -> 2048: two mutants passed at 512), the PIT's second order
-(token id) and the warps of MUTANT_WARPS (three mutants passed at T = 1 with 2048 samples).
+(token id) and the warps of MUTANT_WARPS (three mutants passed at T = 1 with 2048 samples);
+later, for CI's time, STRONG_MUTANTS back to 512 samples (each rejected at p <= 1e-106 there).
 Measured figures: docs/EVIDENCE.md ("Without enumeration").
 """
 
@@ -33,6 +34,10 @@ PROMPT = (1, 2, 3)
 L = 6
 CORRECT_SAMPLES = 256
 MUTANT_SAMPLES = 2048
+#: the mutants that move the law most, which even the hashed test rejected at 512 samples
+#: (docs/EVIDENCE.md), run at 512 (changed after looking, to keep CI's long stage in budget)
+MUTANT_SAMPLES_STRONG = 512
+STRONG_MUTANTS = ("depth-row", "causal-mask", "warp-mismatch", "bonus-kv-slot")
 ALPHA = 1e-3
 MUTANT_THRESH = 1e-6
 
@@ -284,9 +289,10 @@ def test_every_mutant_is_rejected_at_a_real_vocabulary(big_pair, mutant):
     adjusted p = 16 x min p < 1e-6. The hashed two-sample test (vs 2048 target-only
     samples, 64 cells) is printed alongside."""
     kw = _mutant_kw(mutant)
-    spec, pits = _run(big_pair, MUTANT_SAMPLES, order=("p", "id"), **kw)
+    n = MUTANT_SAMPLES_STRONG if mutant in STRONG_MUTANTS else MUTANT_SAMPLES
+    spec, pits = _run(big_pair, n, order=("p", "id"), **kw)
     pit = pit_tests(pits, alpha=ALPHA)
-    hashed = hashed_tests(spec, _target_only(big_pair, MUTANT_SAMPLES, kw["sampling"]), num_cells=64, alpha=ALPHA)
+    hashed = hashed_tests(spec, _target_only(big_pair, n, kw["sampling"]), num_cells=64, alpha=ALPHA)
     print(f"{mutant}: PIT adjusted p = {pit.min_pvalue * len(pit.tests):.3g}, hashed adjusted p = "
           f"{hashed.min_pvalue * len(hashed.tests):.3g}\n{pit.summary()}\n{hashed.summary()}")
     assert pit.min_pvalue * len(pit.tests) < MUTANT_THRESH, pit.summary()
