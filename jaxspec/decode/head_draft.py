@@ -107,7 +107,7 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
     # and a level costs K-wide work instead of V-wide (at K = 8,192 of 49,152, a sixth)
     ids = None if head.draft_vocab is None else head.draft_vocab.get_value()  # int32[K]
     node_tokens = jnp.zeros((b, n), jnp.int32)
-    node_k = jnp.zeros((b, n), jnp.int32)  # with ids: the drafted tokens as indices into ids
+    node_k = jnp.zeros((b, n), jnp.int32)  # the drafted tokens as indices into ids (without ids: the tokens)
     draft_probs = jnp.zeros((b, n + 1, v), jnp.float32)
     node_h = jnp.zeros((b, n + 1, head.config.hidden_size), jnp.float32)  # predicted features
     bounds = [(0, 1)] + [(s + 1, e + 1) for s, e in tree.levels]
@@ -122,15 +122,12 @@ def propose_head(head: FeatureHead, target: Transformer, state: HeadState, keys,
             h, cache = head(target, feats, toks, pos_all[:, a:z], cache.replace(lengths=root_slot + a),
                             mask_all[:, a:z])
         node_h = node_h.at[:, a:z].set(h)
+        probs = warp(head.draft_logits(target, h), temperature)  # [B, z - a, K] (K = V: no reduced vocabulary)
+        node_k = draw_children(tree, lvl, a, probs, keys, scheme, node_k, draw)
         if ids is None:
-            probs = warp(head.logits(target, h), temperature)  # [B, z - a, V]
-            draft_probs = draft_probs.at[:, a:z].set(probs)
-            node_tokens = draw_children(tree, lvl, a, probs, keys, scheme, node_tokens, draw)
+            draft_probs, node_tokens = draft_probs.at[:, a:z].set(probs), node_k
         else:
-            probs = warp(target.unembed_rows(h, ids), temperature)  # [B, z - a, K]
-            draft_probs = draft_probs.at[:, a:z, ids].set(probs)
-            node_k = draw_children(tree, lvl, a, probs, keys, scheme, node_k, draw)
-            node_tokens = jnp.take(ids, node_k)  # [B, N]
+            draft_probs, node_tokens = draft_probs.at[:, a:z, ids].set(probs), jnp.take(ids, node_k)  # [B, N]
     return node_tokens, draft_probs, state._replace(cache=cache.replace(lengths=lh))
 
 

@@ -154,15 +154,21 @@ class FeatureHead(nnx.Module):
         """K, the ids a reduced-vocabulary head drafts; None for the whole vocabulary."""
         return None if self.draft_vocab is None else int(self.draft_vocab.get_value().shape[0])
 
+    def draft_logits(self, target: Transformer, h) -> jax.Array:
+        """The logits over the ids the head drafts: float32 ``[B, T, K]`` at ``draft_vocab``'s
+        K ids with a reduced vocabulary (the target's LM head at those rows), else ``[B, T, V]``."""
+        if self.draft_vocab is None:
+            return target.unembed(h)
+        return target.unembed_rows(h, self.draft_vocab.get_value())
+
     def logits(self, target: Transformer, h) -> jax.Array:
         """The draft logits of features ``h [B, T, D]``: float32 ``[B, T, V]``, the target's
         LM head; with a reduced vocabulary its K rows, ``-inf`` at the other ids."""
+        rows = self.draft_logits(target, h)  # [B, T, K]
         if self.draft_vocab is None:
-            return target.unembed(h)
-        ids = self.draft_vocab.get_value()  # int32[K]
-        rows = target.unembed_rows(h, ids)  # [B, T, K]
+            return rows
         full = jnp.full((*rows.shape[:-1], self.config.vocab_size), -jnp.inf, rows.dtype)
-        return full.at[..., ids].set(rows)
+        return full.at[..., self.draft_vocab.get_value()].set(rows)
 
     def fused(self, feats, taps=None) -> jax.Array:
         """The feature a true pair reads: the target's ``feats [B, T, D]`` for a last-layer
