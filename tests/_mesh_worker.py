@@ -30,7 +30,10 @@ MESHES = ((8, 1), (2, 4), (1, 8))
 TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
 # the default test: every tree on (2, 4), the branching tree on the other two meshes;
 # "all" (the slow test): every tree on every mesh, at temperatures 0 and 1
-DEFAULT_CASES = tuple((tree, (2, 4)) for tree in TREES) + (("branch:2,2", (8, 1)), ("branch:2,2", (1, 8)))
+# the default test's cases: the trees that branch on (2, 4), and the branching tree with the
+# model axis alone; the chain and the data axis alone (a mesh's simplest cases, also in the
+# streaming test's (4, 2)) are left to the slow test, which runs every tree on every mesh
+DEFAULT_CASES = tuple((tree, (2, 4)) for tree in TREES[1:]) + (("branch:2,2", (1, 8)),)
 
 
 def tokens(out) -> list:
@@ -40,7 +43,7 @@ def tokens(out) -> list:
 def generations(temperatures=(1.0,), cases=DEFAULT_CASES) -> dict:
     res = {}
     for temp in temperatures:
-        for tree in TREES:
+        for tree in [t for t in TREES if any(c == t for c, _ in cases)]:
             kw = dict(max_new_tokens=10, tree=tree, sampling=jaxspec.Sampling(temperature=temp), stop_tokens=(5,))
             ref = jaxspec.generate(jax.random.key(7), TARGET, DRAFT, PROMPTS, **kw)
             for shape in [m for t, m in cases if t == tree]:

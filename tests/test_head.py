@@ -283,13 +283,14 @@ def test_cli_generate_with_a_head_equals_the_baseline_at_temperature_0(saved, ca
 
 
 def test_cli_verify_with_a_head(saved, capsys):
-    """``jaxspec verify --target DIR --draft HEAD``: the harness runs the head's rounds."""
+    """``jaxspec verify --target DIR --draft HEAD``: the harness runs the head's rounds (a
+    smoke test of the command: the head's exactness is tests/test_generate_exactness.py's)."""
     import json
 
     from jaxspec.cli import main
 
     t, h = saved
-    code = main(["verify", "--target", t, "--draft", h, "--prompt", "1,2", "--horizon", "2", "--samples", "65536",
+    code = main(["verify", "--target", t, "--draft", h, "--prompt", "1,2", "--horizon", "2", "--samples", "16384",
                  "--top-k", "4", "--tree", "chain:2", "--json", "--no-progress", "--no-compile-cache"])
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["passed"], report
