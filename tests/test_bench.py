@@ -522,7 +522,8 @@ def test_real_modes_refuses_bad_arguments_by_flag(capsys):
     assert mod._mode("runs/x/final chain:2") == ("runs/x/final", "chain:2")
     assert mod._mode("lookup+smollm2-135m-head branch:2,1,1") == ("lookup+smollm2-135m-head", "branch:2,1,1")
     for argv, needle in ((["--mode", "head"], "--mode 'head': expected 'DRAFTER TREE'"),
-                         (["--mode", "head chain:1", "--prompts", "9"], "--prompts 9: expected 1 to 8")):
+                         (["--mode", "head chain:1", "--prompts", "9"], "--prompts 9: expected 1 to 8"),
+                         (["--mode", "head chain:1", "--quantize", "int4"], "argument --quantize: invalid choice: 'int4'")):
         with pytest.raises(SystemExit) as e:
             mod.main(argv)
         assert e.value.code == 2

@@ -53,6 +53,7 @@ class RealBenchConfig:
     modes: tuple[tuple[str, str], ...]  # (drafter, tree): "head", "head-whole" or a parse_draft spec
     skip: tuple[tuple[float, int], ...] = ()  # (temperature, batch) cells left out
     categories: tuple[str, ...] = CATEGORIES  # the task mix's categories measured, in its order
+    quantize: str | None = None  # the target's load_model(quantize=...): None (float32) or "int8"
 
 
 # the head's tree: jaxspec generate's default for this target (PackagedModel.tree, chosen by
@@ -100,7 +101,7 @@ def run(size: str = "quick", *, config: RealBenchConfig | None = None) -> dict:
     import jaxspec  # noqa: PLC0415
 
     cfg = CONFIGS[common.check_size(size)] if config is None else config
-    target, tok = jaxspec.load_model(TARGET), jaxspec.load_tokenizer(TARGET)
+    target, tok = jaxspec.load_model(TARGET, quantize=cfg.quantize), jaxspec.load_tokenizer(TARGET)
     drafters = {f"{kind} {tree}": (d, tree) for kind, tree in cfg.modes if (d := _drafter(kind)) is not None}
     prompts = {c: [tok.encode_chat(m) for m in messages_of(c)[: cfg.prompts_per_category]] for c in cfg.categories}
     rows = []
