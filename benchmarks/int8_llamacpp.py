@@ -41,35 +41,13 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from int8_smollm2 import held_out_texts, task_texts  # noqa: E402  (a sibling benchmark's texts)
+from int8_smollm2 import held_out_texts, task_texts  # noqa: E402  (sibling benchmarks: the texts,
+from peers_smollm2 import no_repack  # noqa: E402  # and llama.cpp without weight repacking)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
 #: llama.cpp's ftype for Q8_0 (enum llama_ftype: LLAMA_FTYPE_MOSTLY_Q8_0)
 FTYPE_Q8_0 = 7
-
-
-def _no_repack(llama_cpp):
-    """A context that loads llama.cpp models with weight repacking off (see the docstring)."""
-    import contextlib
-
-    module = llama_cpp.llama_cpp
-    defaults = module.llama_model_default_params
-
-    def without_repack():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    @contextlib.contextmanager
-    def ctx():
-        module.llama_model_default_params = without_repack
-        try:
-            yield
-        finally:
-            module.llama_model_default_params = defaults
-
-    return ctx()
 
 
 def requantize_q8_0(llama_cpp, src: str, dst: str) -> None:
@@ -83,7 +61,7 @@ def requantize_q8_0(llama_cpp, src: str, dst: str) -> None:
 
 
 def load_llama(llama_cpp, path: str, n_ctx: int):
-    with _no_repack(llama_cpp):
+    with no_repack(llama_cpp):
         return llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=2, n_threads_batch=2,
                                logits_all=True, verbose=False, seed=0)
 

@@ -35,6 +35,7 @@ Writes ``peers_smollm2.json`` and ``peers_smollm2.png`` under ``--out`` (``--qui
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pathlib
 import statistics
@@ -138,17 +139,13 @@ def _hf_modes(n: int, eos: int, lookup: int):
     return {"target-only": gen, f"prompt lookup {lookup}": lambda ids: gen(ids, prompt_lookup_num_tokens=lookup)}
 
 
-def _llama_modes(llama_cpp, n: int, lookup: int):
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    from jaxspec.formats.packaged import packaged_file
-
-    path = str(packaged_file(TARGET))
-    kw = dict(n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False, seed=0)
-    # Weight repacking (llama.cpp's "extra buffer types") off: with it, the source build crashed
-    # (a segmentation fault in llama_decode) on the first batch of more than one token on this
-    # machine's CPU. llama-cpp-python takes the model parameters from llama_model_default_params
-    # and exposes no flag for it, so the defaults are wrapped while the two models load.
+@contextlib.contextmanager
+def no_repack(llama_cpp):
+    """llama.cpp models loaded inside load with weight repacking (its "extra buffer types")
+    off: with it, the source build crashed (a segmentation fault in llama_decode) on the first
+    batch of more than one token on this machine's CPU. llama-cpp-python takes the model
+    parameters from llama_model_default_params and exposes no flag for it, so the defaults are
+    wrapped meanwhile."""
     module = llama_cpp.llama_cpp
     defaults = module.llama_model_default_params
 
@@ -159,10 +156,21 @@ def _llama_modes(llama_cpp, n: int, lookup: int):
 
     module.llama_model_default_params = without_repack
     try:
-        plain = llama_cpp.Llama(path, **kw)
-        lookup_llm = llama_cpp.Llama(path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup), **kw)
+        yield
     finally:
         module.llama_model_default_params = defaults
+
+
+def _llama_modes(llama_cpp, n: int, lookup: int):
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from jaxspec.formats.packaged import packaged_file
+
+    path = str(packaged_file(TARGET))
+    kw = dict(n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False, seed=0)
+    with no_repack(llama_cpp):
+        plain = llama_cpp.Llama(path, **kw)
+        lookup_llm = llama_cpp.Llama(path, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup), **kw)
 
     def gen(llm):
         def f(ids):
