@@ -18,7 +18,9 @@ again to go on):
    seeded order, that hold that many answer tokens; ``all``: every one), last layer only,
    plus a multi-layer head (``--layers`` fused with the last) at ``--multi-at``; each
    ``--steps`` steps of the recipe's configuration (batch 8 x 128 positions, depths 1-3,
-   the 8,192 ids most frequent in its own data), checkpointed every 50 steps -> ``WORK/<run>``;
+   the 8,192 ids most frequent in its own data), checkpointed every 50 steps -> ``WORK/<run>``
+   (a run of other than 1,200 steps: ``WORK/<run>-s<steps>``, e.g. ``--points all --multi-at ''
+   --steps 4800`` trains ``last-all-s4800``; the evaluation shows it beside the curve);
 4. **evaluation**: every finished head (and the shipped ``smollm2-135m-head``, trained on
    42.7k tokens of other data) on the held-out answers, teacher forced
    (:func:`jaxspec.training.head_eval.acceptance_by_depth`): acceptance at depths 1-3 at T = 0
@@ -74,8 +76,10 @@ def _eval_answers(target, tok):
                          settings=(Setting(0.0), Setting(1.0)), max_new_tokens=128, rows=48, seed=1), items
 
 
-def _plan(records, points: list[str], multi_at: str, seed: int = 0) -> dict[str, list[int]]:
-    """Run name -> the training records' indices (a seeded order's first ones reaching the point)."""
+def _plan(records, points: list[str], multi_at: str, seed: int = 0, steps: int = STEPS) -> dict[str, list[int]]:
+    """Run name -> the training records' indices (a seeded order's first ones reaching the point).
+    A run of other than the default :data:`STEPS` steps is named with them (``last-all-s4800``),
+    so that it trains beside the default one."""
     order = np.random.default_rng(seed).permutation(len(records))
     cum = np.cumsum([len(records[i].answer) for i in order])
     plan = {}
@@ -84,9 +88,10 @@ def _plan(records, points: list[str], multi_at: str, seed: int = 0) -> dict[str,
         if pt != "all" and n > len(order):
             _log(f"point {pt}: only {int(cum[-1])} answer tokens; skipped")
             continue
-        plan[f"last-{pt}"] = sorted(order[:n].tolist())
+        tail = "" if steps == STEPS else f"-s{steps}"
+        plan[f"last-{pt}{tail}"] = sorted(order[:n].tolist())
         if pt == multi_at:
-            plan[f"multi-{pt}"] = plan[f"last-{pt}"]
+            plan[f"multi-{pt}{tail}"] = plan[f"last-{pt}{tail}"]
     return plan
 
 
@@ -133,22 +138,30 @@ def _plot(report: dict, path: pathlib.Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, label in zip(axes, ("T0", "T1")):
-        runs = [r for r in report["runs"] if r["name"].startswith("last-") and label in r["eval"]]
+        runs = [r for r in report["runs"] if r["name"].startswith("last-") and label in r["eval"]
+                and r["steps"] == report["steps"]]  # the curve: one training length
         runs.sort(key=lambda r: r["answer_tokens"])
         for d, color in zip((1, 2, 3), ("C0", "C1", "C2")):
             ax.plot([r["answer_tokens"] for r in runs], [r["eval"][label]["mix"][f"depth_{d}"] for r in runs], "o-",
                     color=color, label=f"depth {d}, last layer")
             for r in report["runs"]:
-                if r["name"].startswith("multi-") and label in r["eval"]:
-                    ax.plot([r["answer_tokens"]], [r["eval"][label]["mix"][f"depth_{d}"]], "*", ms=12, color=color,
-                            label=f"depth {d}, multi-layer")
+                if label not in r["eval"] or r in runs:
+                    continue
+                multi, longer = r["name"].startswith("multi-"), r["steps"] != report["steps"]
+                ax.plot([r["answer_tokens"]], [r["eval"][label]["mix"][f"depth_{d}"]], "^" if longer else "*",
+                        ms=10 if longer else 12, color=color,
+                        label=f"depth {d}, {'multi-layer' if multi else 'last layer'}"
+                              + (f", {r['steps']:,} steps" if longer else ""))
         ship = report.get("shipped")
         if ship:
             for d, color in zip((1, 2, 3), ("C0", "C1", "C2")):
                 ax.plot([ship["answer_tokens"]], [ship["eval"][label]["mix"][f"depth_{d}"]], "s", mfc="none",
                         color=color, label=f"depth {d}, shipped v1 head (other data, 3,000 steps)")
         ax.set_xscale("log")
-        ticks = sorted({r["answer_tokens"] for r in report["runs"]} | ({ship["answer_tokens"]} if ship else set()))
+        ticks = []
+        for t in sorted({r["answer_tokens"] for r in report["runs"]} | ({ship["answer_tokens"]} if ship else set())):
+            if not ticks or t > 1.1 * ticks[-1]:  # one label for v1's 42.7k and the 43k point
+                ticks.append(t)
         ax.set_xticks(ticks, [f"{t / 1000:.0f}k" for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("training answer tokens")
@@ -180,7 +193,7 @@ def main(argv=None) -> int:
     records = read_shards(pathlib.Path(args.data) / "answers")
     if not records:
         raise SystemExit(f"head_scaling: {args.data}/answers holds no answers; run the recipe's answers stage first")
-    plan = _plan(records, [p.strip() for p in args.points.split(",") if p.strip()], args.multi_at)
+    plan = _plan(records, [p.strip() for p in args.points.split(",") if p.strip()], args.multi_at, steps=args.steps)
     if args.only is not None and args.only not in plan:
         raise SystemExit(f"head_scaling: --only {args.only!r}; expected one of the planned runs {list(plan)}")
     if args.stage in ("features", "train", "all"):
@@ -199,7 +212,10 @@ def main(argv=None) -> int:
     if not (run_all or args.stage == "evaluate"):
         return 0
     runs = []
-    for name, ids in plan.items():
+    # the plan's runs, then the same points trained for other step counts (--steps K runs,
+    # named NAME-sK), shown beside the curve
+    variants = {d.name: ids for name, ids in plan.items() for d in sorted(work.glob(f"{name}-s*")) if d.is_dir()}
+    for name, ids in {**plan, **variants}.items():
         final = work / name / "final"
         if not (final / "config.json").is_file():
             _log(f"{name}: not trained yet; left out of the report")
