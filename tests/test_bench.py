@@ -513,12 +513,7 @@ def test_cli_rules_tiny(tmp_path, capsys):
 
 def test_real_modes_refuses_bad_arguments_by_flag(capsys):
     """benchmarks/real_modes.py names the flag and the value before loading any model."""
-    import importlib.util  # noqa: PLC0415
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "real_modes.py"
-    spec = importlib.util.spec_from_file_location("real_modes", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("real_modes")
     assert mod._mode("runs/x/final chain:2") == ("runs/x/final", "chain:2")
     assert mod._mode("lookup+smollm2-135m-head branch:2,1,1") == ("lookup+smollm2-135m-head", "branch:2,1,1")
     for argv, needle in ((["--mode", "head"], "--mode 'head': expected 'DRAFTER TREE'"),
@@ -584,3 +579,39 @@ def test_publish_records_the_command_and_writes_both_files(tmp_path, capsys):
     assert json.loads((tmp_path / "x.json").read_text())["command"] == "python benchmarks/x.py --tokens 8"
     assert (tmp_path / "x.png").read_bytes() == b"png"
     assert capsys.readouterr().out == f"| rows | 2 |\nwrote {tmp_path / 'x.json'} and {tmp_path / 'x.png'}\n"
+
+
+def _script(name: str):
+    import importlib.util  # noqa: PLC0415
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_int8_llamacpp_refuses_bad_counts_by_flag(capsys):
+    """benchmarks/int8_llamacpp.py names the flag and the value before loading anything."""
+    mod = _script("int8_llamacpp")
+    for flag in ("--prompts", "--windows", "--repeats"):
+        with pytest.raises(SystemExit) as e:
+            mod.main([flag, "0"])
+        assert e.value.code == 2
+        assert f"{flag} = 0: expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_int8_llamacpp_quality_figures():
+    """Its per-position figures on literal laws: KL 0 and full agreement against itself; a
+    law that moves mass from the argmax shows both, and its perplexity."""
+    mod = _script("int8_llamacpp")
+    ref = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]]))
+    other = np.log(np.array([[0.3, 0.6, 0.1], [0.1, 0.8, 0.1]]))
+    texts = [("t", [5, 0, 1], 0)]  # positions 0 and 1 predict ids 0 and 1
+    same = mod.quality([ref], [ref], texts)
+    assert same["kl_mean"] == pytest.approx(0.0, abs=1e-12) and same["greedy_agreement"] == 1.0
+    q = mod.quality([ref], [other], texts)
+    kl0 = 0.7 * np.log(0.7 / 0.3) + 0.2 * np.log(0.2 / 0.6)
+    assert q["kl_mean"] == pytest.approx(kl0 / 2) and q["greedy_agreement"] == 0.5 and q["positions"] == 2
+    assert q["perplexity"] == pytest.approx(np.exp(-(np.log(0.3) + np.log(0.8)) / 2))
+    assert q["perplexity_float32"] == pytest.approx(np.exp(-(np.log(0.7) + np.log(0.8)) / 2))
