@@ -615,3 +615,50 @@ def test_int8_llamacpp_quality_figures():
     assert q["kl_mean"] == pytest.approx(kl0 / 2) and q["greedy_agreement"] == 0.5 and q["positions"] == 2
     assert q["perplexity"] == pytest.approx(np.exp(-(np.log(0.3) + np.log(0.8)) / 2))
     assert q["perplexity_float32"] == pytest.approx(np.exp(-(np.log(0.7) + np.log(0.8)) / 2))
+
+
+def test_int8_variants_products_on_literal_inputs():
+    """benchmarks/int8_variants.py's alternatives to int8_matmul: one block as wide as the
+    input is the shipped per-row product; narrower blocks and float activations come closer to
+    the float product; a width that is not a multiple of the block is refused."""
+    from jaxspec.nn.int8 import int8_matmul, quantize_weights
+
+    mod = _script("int8_variants")
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (3, 64)) * jnp.where(jnp.arange(64) % 16 == 0, 20.0, 1.0)  # outlier channels
+    w = jax.random.normal(kw, (64, 8))
+    wq, ws = quantize_weights(w)
+    exact = np.asarray(x @ w)
+    row = np.asarray(int8_matmul(x, wq, ws))
+    np.testing.assert_allclose(np.asarray(mod.block_matmul(64)(x, wq, ws)), row, rtol=1e-6, atol=1e-5)
+    err = {name: np.abs(np.asarray(f(x, wq, ws)) - exact).mean()
+           for name, f in (("row", int8_matmul), ("b16", mod.block_matmul(16)), ("float", mod.float_activation_matmul))}
+    assert err["float"] < err["b16"] < err["row"], err
+    with pytest.raises(ValueError, match="not a multiple of block = 48"):
+        mod.block_matmul(48)(x, wq, ws)
+
+
+def test_int8_variants_fused_projections_compute_the_unfused_logits():
+    """Without smoothing, the fused q/k/v and gate/up products of int8_variants.py give the
+    unfused model's logits bit for bit (the same per-row activation scales, the same int32
+    sums): its speed rows time the same arithmetic in another structure."""
+    from flax import nnx
+
+    from jaxspec.nn.model import forward_logits
+    from jaxspec.nn.quant import quantize_model
+    from _tiny import tiny_pair
+
+    mod = _script("int8_variants")
+    target, _ = tiny_pair(3)
+    q = quantize_model(target, calibration=None)
+    tokens = jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32)
+    plain = np.asarray(forward_logits(q, tokens))
+    fused = mod.fused_copy(q)
+    assert all(hasattr(layer.self_attn, "qkv") and hasattr(layer.mlp, "gate_up") for layer in fused.layers)
+    with mod.fused_methods():
+        got = np.asarray(forward_logits(fused, tokens))
+    np.testing.assert_array_equal(got, plain)
+    # and the fused kernels are what runs: a changed one changes the logits
+    fused.layers[0].self_attn.qkv.kernel = nnx.Param(-fused.layers[0].self_attn.qkv.kernel[...])
+    with mod.fused_methods():
+        assert not np.array_equal(np.asarray(forward_logits(fused, tokens)), plain)
