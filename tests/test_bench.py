@@ -662,3 +662,17 @@ def test_int8_variants_fused_projections_compute_the_unfused_logits():
     fused.layers[0].self_attn.qkv.kernel = nnx.Param(-fused.layers[0].self_attn.qkv.kernel[...])
     with mod.fused_methods():
         assert not np.array_equal(np.asarray(forward_logits(fused, tokens)), plain)
+
+
+def test_int8_shape_drift_flags_and_figures(capsys):
+    """benchmarks/int8_shape_drift.py: --prompts out of range is refused by flag; on a float32
+    tiny model the padded and unpadded laws agree (argmax everywhere, KL at float noise)."""
+    from _tiny import tiny_pair
+
+    mod = _script("int8_shape_drift")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--prompts", "9"])
+    assert e.value.code == 2 and "--prompts = 9: expected 1 to 8" in capsys.readouterr().err
+    target, _ = tiny_pair(0)
+    r = mod.drift(target, [("t", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 2)])
+    assert r["positions"] == 7 and r["argmax_agreement"] == 1.0 and r["kl_max"] < 1e-5
