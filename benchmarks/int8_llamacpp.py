@@ -41,7 +41,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from int8_smollm2 import held_out_texts, task_texts  # noqa: E402  (sibling benchmarks: the texts,
+from int8_smollm2 import check_counts, held_out_texts, task_texts  # noqa: E402  (sibling benchmarks: the texts,
 from peers_smollm2 import no_repack  # noqa: E402  # and llama.cpp without weight repacking)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results"
@@ -176,10 +176,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--out", type=pathlib.Path, default=OUT)
     args = p.parse_args(argv)
-    for name in ("prompts", "windows", "repeats"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            p.error(f"--{name} = {v}: expected an integer >= 1")
+    check_counts(p, args, ("prompts", "windows", "repeats"))
     per_category = args.prompts or (2 if args.quick else 8)
     windows = args.windows or (2 if args.quick else 8)
     repeats = args.repeats or (3 if args.quick else 7)

@@ -49,6 +49,15 @@ WIDTHS = (1, 2, 4, 8, 16)
 HELD_OUT = pathlib.Path(__file__).resolve().parent.parent / "docs" / "DESIGN.md"
 
 
+def check_counts(parser, args, names) -> None:
+    """``parser.error`` naming the flag and its value unless each of ``names`` (argparse dests)
+    is None (its default) or an integer >= 1."""
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            parser.error(f"--{name.replace('_', '-')} = {v}: expected an integer >= 1")
+
+
 def _bucket(n: int, step: int = 64) -> int:
     return -(-n // step) * step
 
@@ -182,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--loops", type=int, default=8)
     p.add_argument("--out", type=pathlib.Path, default=OUT)
     args = p.parse_args(argv)
+    check_counts(p, args, ("prompts", "answer_tokens", "window", "windows", "repeats", "new_tokens", "loops"))
     per_category = args.prompts or (2 if args.quick else 8)
     repeats = args.repeats or (3 if args.quick else 7)
     out = args.out / "quick" if args.quick else args.out

@@ -45,7 +45,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from int8_smollm2 import held_out_texts, quality_rows, task_texts  # noqa: E402  (a sibling benchmark's texts)
+from int8_smollm2 import check_counts, held_out_texts, quality_rows, task_texts  # noqa: E402  (a sibling benchmark's texts)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
@@ -243,10 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--loops", type=int, default=8)
     p.add_argument("--out", type=pathlib.Path, default=OUT)
     args = p.parse_args(argv)
-    for name in ("prompts", "windows", "repeats", "loops"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            p.error(f"--{name} = {v}: expected an integer >= 1")
+    check_counts(p, args, ("prompts", "windows", "repeats", "loops"))
     per_category = args.prompts or (1 if args.quick else 4)
     windows = args.windows or (1 if args.quick else 4)
     repeats = args.repeats or (3 if args.quick else 5)
