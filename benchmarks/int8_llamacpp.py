@@ -41,7 +41,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from int8_smollm2 import check_counts, held_out_texts, task_texts  # noqa: E402  (sibling benchmarks: the texts,
+from int8_smollm2 import (  # noqa: E402  (sibling benchmarks: the texts and their figures,
+    check_counts, held_out_texts, kl_bars, law_figures, task_texts, text_log_probs)
 from peers_smollm2 import no_repack  # noqa: E402  # and llama.cpp without weight repacking)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results"
@@ -75,34 +76,6 @@ def llama_log_probs(llm, ids: list[int], first: int) -> np.ndarray:
     return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
 
 
-def jax_log_probs(model, ids: list[int], first: int) -> np.ndarray:
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxspec.nn.model import forward_logits
-
-    n = len(ids)
-    pad = -(-n // 64) * 64
-    toks = jnp.asarray([ids + [0] * (pad - n)], jnp.int32)  # right padding: causal, so harmless
-    out = nnx.jit(forward_logits)(model, toks)[0, first:n - 1]
-    return np.asarray(jax.nn.log_softmax(out.astype(jnp.float32)), np.float64)
-
-
-def quality(ref: list[np.ndarray], other: list[np.ndarray], texts) -> dict:
-    kl, agree, nll_r, nll_o = [], [], [], []
-    for lr, lo, (_, ids, first) in zip(ref, other, texts, strict=True):
-        nxt = np.asarray(ids[first + 1:])
-        kl.append(np.sum(np.exp(lr) * (lr - lo), -1))
-        agree.append(lr.argmax(-1) == lo.argmax(-1))
-        nll_r.append(-lr[np.arange(nxt.size), nxt])
-        nll_o.append(-lo[np.arange(nxt.size), nxt])
-    k, a = np.concatenate(kl), np.concatenate(agree)
-    return {"positions": int(k.size), "kl_mean": float(k.mean()), "kl_p99": float(np.quantile(k, 0.99)),
-            "greedy_agreement": float(a.mean()), "perplexity_float32": float(np.exp(np.concatenate(nll_r).mean())),
-            "perplexity": float(np.exp(np.concatenate(nll_o).mean()))}
-
-
 def speed(engines: dict, prompt: list[int], new_tokens: int, repeats: int) -> dict:
     """Target-only greedy decoding, the engines in turns: tokens/s per turn and as a ratio to
     the first engine (jaxspec float32) in the same turn."""
@@ -134,14 +107,8 @@ def plot(report: dict, path: pathlib.Path) -> None:
     a1.axhline(1.0, color="black", lw=0.8)
     a1.set_ylabel("target-only tokens/s / jaxspec float32")
     a1.set_title("speed (greedy, batch 1, in turns)")
-    quants = [n for n in names if n != "jaxspec float32"]
-    x = np.arange(len(quants))
-    for i, (text, color) in enumerate((("task_mix", "tab:purple"), ("held_out", "tab:gray"))):
-        a2.bar(x + (i - 0.5) * 0.38, [report["quality"][text][n]["kl_mean"] for n in quants], 0.38, color=color,
-               label=text.replace("_", " "))
-    a2.set_xticks(x, [n.replace(" ", "\n", 1) for n in quants], fontsize=8)
+    kl_bars(a2, report["quality"], [n for n in names if n != "jaxspec float32"])
     a2.set_ylabel("mean KL(float32 || engine), nats")
-    a2.set_title("distance from the float32 law")
     a2.legend(fontsize=8)
     fig.suptitle("SmolLM2-135M-Instruct: jaxspec W8A8 beside llama.cpp's Q4_1 and Q8_0", fontsize=10)
     fig.tight_layout()
@@ -215,10 +182,10 @@ def main(argv=None) -> int:
               "quality": {}}
     for name, ts in texts.items():
         assert max(len(ids) for _, ids, _ in ts) <= n_ctx, "a text longer than llama.cpp's context"
-        ref = [jax_log_probs(f32, ids, first) for _, ids, first in ts]
-        others = {"jaxspec int8": [jax_log_probs(jq, ids, first) for _, ids, first in ts]}
+        ref = text_log_probs(f32, ts)
+        others = {"jaxspec int8": text_log_probs(jq, ts)}
         others |= {k: [llama_log_probs(llm, ids, first) for _, ids, first in ts] for k, llm in llamas.items()}
-        report["quality"][name] = {k: quality(ref, v, ts) for k, v in others.items()}
+        report["quality"][name] = {k: law_figures(ref, v, ts) for k, v in others.items()}
         for k, r in report["quality"][name].items():
             print(f"{name:9s} {k:16s} KL mean {r['kl_mean']:.4f} p99 {r['kl_p99']:.3f} agreement "
                   f"{r['greedy_agreement']:.3f} perplexity {r['perplexity']:.2f} (float32 {r['perplexity_float32']:.2f})",

@@ -62,9 +62,11 @@ def _bucket(n: int, step: int = 64) -> int:
     return -(-n // step) * step
 
 
-def quality_rows(f32, q, texts: list[tuple[str, list[int], int]]):
-    """Per text ``(name, ids, first)``: the per-position figures over positions ``first ..
-    len(ids) - 2`` (position t predicts ids[t + 1])."""
+def text_log_probs(model, texts: list[tuple[str, list[int], int]]) -> list[np.ndarray]:
+    """Per text ``(name, ids, first)``: float64 ``[P, V]``, the model's next-token log-laws at
+    positions ``first .. len(ids) - 2`` (position t predicts ids[t + 1]); one causal forward
+    per text, right-padded to a multiple of 64 (causal, so harmless), jitted afresh per call
+    (a caller that swaps the model's arithmetic between calls gets it traced)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -72,24 +74,50 @@ def quality_rows(f32, q, texts: list[tuple[str, list[int], int]]):
     from jaxspec.nn.model import forward_logits
 
     fwd = nnx.jit(forward_logits)
-    kl, agree, nll_f, nll_q, names = [], [], [], [], []
-    for name, ids, first in texts:
+    out = []
+    for _, ids, first in texts:
         n = len(ids)
-        toks = jnp.asarray([ids + [0] * (_bucket(n) - n)], jnp.int32)  # right padding: causal, so harmless
-        lf = jax.nn.log_softmax(fwd(f32, toks)[0, first:n - 1])  # [P, V]
-        lq = jax.nn.log_softmax(fwd(q, toks)[0, first:n - 1])
-        nxt = jnp.asarray(ids[first + 1:n])
-        kl.append(np.asarray(jnp.sum(jnp.exp(lf) * (lf - lq), -1)))
-        agree.append(np.asarray(jnp.argmax(lf, -1) == jnp.argmax(lq, -1)))
-        nll_f.append(-np.asarray(jnp.take_along_axis(lf, nxt[:, None], -1)[:, 0]))
-        nll_q.append(-np.asarray(jnp.take_along_axis(lq, nxt[:, None], -1)[:, 0]))
-        names.append(name)
+        toks = jnp.asarray([ids + [0] * (_bucket(n) - n)], jnp.int32)
+        logits = fwd(model, toks)[0, first:n - 1].astype(jnp.float32)
+        out.append(np.asarray(jax.nn.log_softmax(logits), np.float64))
+    return out
+
+
+def law_figures(ref: list[np.ndarray], other: list[np.ndarray], texts) -> dict:
+    """The per-position figures of log-laws ``other`` against ``ref`` (both as
+    :func:`text_log_probs` returns them) over ``texts``: ``KL(ref || other)`` (mean, 99th
+    percentile, max), argmax agreement, and the perplexity of each on the actual next tokens."""
+    kl, agree, nll_r, nll_o = [], [], [], []
+    for lr, lo, (_, ids, first) in zip(ref, other, texts, strict=True):
+        nxt = np.asarray(ids[first + 1:])
+        kl.append(np.sum(np.exp(lr) * (lr - lo), -1))
+        agree.append(lr.argmax(-1) == lo.argmax(-1))
+        nll_r.append(-lr[np.arange(nxt.size), nxt])
+        nll_o.append(-lo[np.arange(nxt.size), nxt])
     k, a = np.concatenate(kl), np.concatenate(agree)
-    nf, nq = np.concatenate(nll_f), np.concatenate(nll_q)
-    return {"texts": len(texts), "positions": int(k.size), "kl_mean": float(k.mean()),
-            "kl_p99": float(np.quantile(k, 0.99)), "kl_max": float(k.max()),
-            "greedy_agreement": float(a.mean()), "perplexity_float32": float(np.exp(nf.mean())),
-            "perplexity_int8": float(np.exp(nq.mean()))}
+    return {"positions": int(k.size), "kl_mean": float(k.mean()), "kl_p99": float(np.quantile(k, 0.99)),
+            "kl_max": float(k.max()), "greedy_agreement": float(a.mean()),
+            "perplexity_float32": float(np.exp(np.concatenate(nll_r).mean())),
+            "perplexity": float(np.exp(np.concatenate(nll_o).mean()))}
+
+
+def quality_rows(f32, q, texts: list[tuple[str, list[int], int]], ref: list[np.ndarray] | None = None) -> dict:
+    """:func:`law_figures` of ``q`` against ``f32`` over ``texts`` (``ref``: ``f32``'s
+    :func:`text_log_probs`, when the caller already has them)."""
+    ref = text_log_probs(f32, texts) if ref is None else ref
+    r = law_figures(ref, text_log_probs(q, texts), texts)
+    return {"texts": len(texts), **{k: v for k, v in r.items() if k != "perplexity"}, "perplexity_int8": r["perplexity"]}
+
+
+def kl_bars(ax, quality: dict, names: list[str], fontsize: int = 8) -> None:
+    """Grouped bars on ``ax``: each of ``names``' mean KL from float32, on the task mix and the
+    held-out text (``quality[text][name]["kl_mean"]``)."""
+    x = np.arange(len(names))
+    for i, (text, color) in enumerate((("task_mix", "tab:purple"), ("held_out", "tab:gray"))):
+        ax.bar(x + (i - 0.5) * 0.38, [quality[text][n]["kl_mean"] for n in names], 0.38, color=color,
+               label=text.replace("_", " "))
+    ax.set_xticks(x, [n.replace(" ", "\n", 1) for n in names], fontsize=fontsize)
+    ax.set_title("distance from the float32 law")
 
 
 def task_texts(f32, tok, per_category: int, answer_tokens: int):

@@ -45,7 +45,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from int8_smollm2 import check_counts, held_out_texts, quality_rows, task_texts  # noqa: E402  (a sibling benchmark's texts)
+from int8_smollm2 import (  # noqa: E402  (a sibling benchmark's texts and figures)
+    check_counts, held_out_texts, kl_bars, quality_rows, task_texts, text_log_probs)
 
 OUT = pathlib.Path(__file__).resolve().parent / "results"
 MODEL = "smollm2-135m"
@@ -194,15 +195,9 @@ def plot(report: dict, path: pathlib.Path) -> None:
 
     plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(report["quality"]["task_mix"])
-    x = np.arange(len(names))
-    for i, (text, color) in enumerate((("task_mix", "tab:purple"), ("held_out", "tab:gray"))):
-        a1.bar(x + (i - 0.5) * 0.38, [report["quality"][text][n]["kl_mean"] for n in names], 0.38, color=color,
-               label=text.replace("_", " "))
+    kl_bars(a1, report["quality"], list(report["quality"]["task_mix"]), fontsize=7)
     a1.axhline(report["bounds"]["kl_mean"], ls=":", color="k", lw=1, label="bound for a CPU default")
-    a1.set_xticks(x, [n.replace(" ", "\n", 1) for n in names], fontsize=7)
     a1.set_ylabel("mean KL(float32 || variant), nats")
-    a1.set_title("distance from the float32 law")
     a1.legend(fontsize=7)
     for name in dict.fromkeys(r["variant"] for r in report["speed"]):
         rows = sorted((r for r in report["speed"] if r["variant"] == name), key=lambda r: r["tokens"])
@@ -272,10 +267,11 @@ def main(argv=None) -> int:
               # docs/QUANTIZATION.md's bounds for int8 as the CPU default (fixed before the first run)
               "bounds": {"kl_mean": 0.01, "kl_p99": 0.1, "greedy_agreement": 0.95},
               "quality": {name: {} for name in texts}}
+    refs = {tname: text_log_probs(f32, ts) for tname, ts in texts.items()}  # float32's laws, once
     for vname, (model, ctx) in quality_variants.items():
         with ctx():
             for tname, ts in texts.items():
-                report["quality"][tname][vname] = quality_rows(f32, model, ts)
+                report["quality"][tname][vname] = quality_rows(f32, model, ts, ref=refs[tname])
         print(f"{vname:24s} KL mean {report['quality']['task_mix'][vname]['kl_mean']:.4f} / "
               f"{report['quality']['held_out'][vname]['kl_mean']:.4f}", flush=True)
     speed_variants = {"shipped": (shipped, none),

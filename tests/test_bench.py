@@ -602,15 +602,15 @@ def test_int8_llamacpp_refuses_bad_counts_by_flag(capsys):
 
 
 def test_int8_llamacpp_quality_figures():
-    """Its per-position figures on literal laws: KL 0 and full agreement against itself; a
+    """Its per-position figures (int8_smollm2.law_figures, which int8_variants shares) on literal laws: KL 0 and full agreement against itself; a
     law that moves mass from the argmax shows both, and its perplexity."""
     mod = _script("int8_llamacpp")
     ref = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]]))
     other = np.log(np.array([[0.3, 0.6, 0.1], [0.1, 0.8, 0.1]]))
     texts = [("t", [5, 0, 1], 0)]  # positions 0 and 1 predict ids 0 and 1
-    same = mod.quality([ref], [ref], texts)
+    same = mod.law_figures([ref], [ref], texts)
     assert same["kl_mean"] == pytest.approx(0.0, abs=1e-12) and same["greedy_agreement"] == 1.0
-    q = mod.quality([ref], [other], texts)
+    q = mod.law_figures([ref], [other], texts)
     kl0 = 0.7 * np.log(0.7 / 0.3) + 0.2 * np.log(0.2 / 0.6)
     assert q["kl_mean"] == pytest.approx(kl0 / 2) and q["greedy_agreement"] == 0.5 and q["positions"] == 2
     assert q["perplexity"] == pytest.approx(np.exp(-(np.log(0.3) + np.log(0.8)) / 2))
