@@ -2,6 +2,7 @@
 
     python benchmarks/device_suite.py            # on a GPU or TPU: about 8 minutes or less
     python benchmarks/device_suite.py --quick    # the same three parts, sized for a CPU (tests run it)
+    python benchmarks/device_suite.py --parts verify_cost,exactness   # some of the parts only
 
 Three parts, each timed and written to ``device_suite.json`` (with ``device_suite.png``,
 the verification cost curve) under ``--out`` (default ``benchmarks/results/device``, or
@@ -37,12 +38,24 @@ SIZES = {
 }
 
 
+PARTS = ("decode", "verify_cost", "exactness")
+
+
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CPU-sized: a small model, 10^5 verify samples")
     p.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parent / "results" / "device"),
                    help="output folder (default benchmarks/results/device; --quick: its quick/ subfolder)")
-    return p.parse_args(argv)
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run, in the suite's order (default: all of {', '.join(PARTS)})")
+    args = p.parse_args(argv)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    bad = [x for x in parts if x not in PARTS]
+    if bad or not parts:
+        p.error(f"--parts {args.parts!r}: {'no part named' if not parts else repr(bad[0]) + ' is not a part'};"
+                f" expected a comma-separated subset of {', '.join(PARTS)}")
+    args.parts = [x for x in PARTS if x in parts]
+    return args
 
 
 def verify_cost(model_kw: dict, ns, context: int, batches, log) -> dict:
@@ -97,25 +110,36 @@ def main(argv=None) -> int:
     model_kw, ns, context, batches, samples = SIZES[size]
     out_dir = pathlib.Path(args.out) / ("quick" if args.quick else "")
     report = {"benchmark": "device_suite", "size": size, "machine": machine_info(), "parts": {}}
-    t0 = time.perf_counter()
-    dec, files = run_benchmark("decode", "tiny" if args.quick else "quick", out_dir)
-    report["parts"]["decode"] = {"seconds": time.perf_counter() - t0, "report": files["json"],
-                                 "headline": dec["headline"]}
-    t0 = time.perf_counter()
-    report["parts"]["verify_cost"] = {**verify_cost(model_kw, ns, context, batches, log),
-                                      "seconds": time.perf_counter() - t0}
-    t0 = time.perf_counter()
-    rep = jaxspec.verify(num_samples=samples, progress=True)
-    report["parts"]["exactness"] = {
-        "seconds": time.perf_counter() - t0, "num_samples": samples, "verdict": rep.verdict,
-        "pvalues": {t.name: t.pvalue for t in rep.tests},
-        "speculative_samples_per_s": rep.timings["speculative_samples_per_s"],
-    }
+    if "decode" in args.parts:
+        t0 = time.perf_counter()
+        dec, files = run_benchmark("decode", "tiny" if args.quick else "quick", out_dir)
+        report["parts"]["decode"] = {"seconds": time.perf_counter() - t0, "report": files["json"],
+                                     "headline": dec["headline"]}
+    if "verify_cost" in args.parts:
+        t0 = time.perf_counter()
+        report["parts"]["verify_cost"] = {**verify_cost(model_kw, ns, context, batches, log),
+                                          "seconds": time.perf_counter() - t0}
+    if "exactness" in args.parts:
+        t0 = time.perf_counter()
+        rep = jaxspec.verify(num_samples=samples, progress=True)
+        report["parts"]["exactness"] = {
+            "seconds": time.perf_counter() - t0, "num_samples": samples, "verdict": rep.verdict,
+            "pvalues": {t.name: t.pvalue for t in rep.tests},
+            "speculative_samples_per_s": rep.timings["speculative_samples_per_s"],
+        }
     report["total_seconds"] = sum(p["seconds"] for p in report["parts"].values())
 
     def plot(r, path):
         plt = pyplot()
         fig, ax = plt.subplots(figsize=(6, 4))
+        if "verify_cost" not in r["parts"]:  # nothing to draw a curve of: the parts' times
+            ax.bar(list(r["parts"]), [x["seconds"] for x in r["parts"].values()])
+            ax.set_ylabel("seconds")
+            ax.set_title(f"device suite parts, {r['machine']['device_kind']}", fontsize=8)
+            fig.tight_layout()
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            return
         vc = r["parts"]["verify_cost"]
         for b in sorted({x["batch"] for x in vc["rows"]}):
             xs = [x for x in vc["rows"] if x["batch"] == b]
@@ -134,15 +158,18 @@ def main(argv=None) -> int:
         plt.close(fig)
 
     files = write_report(report, out_dir, "device_suite", plot)
-    vc = report["parts"]["verify_cost"]["rows"]
-    print("| batch | N | ms | / one token |")
-    print("|---|---|---|---|")
-    for x in vc:
-        print(f"| {x['batch']} | {x['n']} | {x['seconds'] * 1e3:.3f} | {x['over_one_token']:.2f} |")
-    ex = report["parts"]["exactness"]
-    print(f"verify at {ex['num_samples']:.0e} samples: {ex['verdict']} "
-          f"({ex['speculative_samples_per_s']:,.0f} samples/s); total {report['total_seconds']:.0f} s on "
-          f"{jax.devices()[0].device_kind}; min p = {np.min(list(ex['pvalues'].values())):.3g}")
+    if "decode" in report["parts"]:
+        print(f"decode: {report['parts']['decode']['headline']}")
+    if "verify_cost" in report["parts"]:
+        print("| batch | N | ms | / one token |")
+        print("|---|---|---|---|")
+        for x in report["parts"]["verify_cost"]["rows"]:
+            print(f"| {x['batch']} | {x['n']} | {x['seconds'] * 1e3:.3f} | {x['over_one_token']:.2f} |")
+    if "exactness" in report["parts"]:
+        ex = report["parts"]["exactness"]
+        print(f"verify at {ex['num_samples']:.0e} samples: {ex['verdict']} "
+              f"({ex['speculative_samples_per_s']:,.0f} samples/s); min p = {np.min(list(ex['pvalues'].values())):.3g}")
+    print(f"total {report['total_seconds']:.0f} s on {jax.devices()[0].device_kind}")
     print(f"wrote {files['json']} and {files['png']}")
     return 0
 
