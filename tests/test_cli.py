@@ -161,6 +161,25 @@ def test_register_a_command(capsys):
         cli.build_parser((*commands, hello))
 
 
+def test_a_command_sets_up_its_own_flags_only():
+    """main builds the chosen command's flags alone: ``jaxspec --help`` imports no JAX,
+    ``jaxspec generate`` starts without the trainer's and the harness's imports (SciPy, Optax:
+    seconds), and the top-level help and a usage error still name every command (a fresh
+    process, so that nothing is imported yet)."""
+    code = ("import sys; from jaxspec.cli.main import build_parser; "
+            "build_parser(only=''); assert 'jax' not in sys.modules, 'the top-level parser imported JAX'; "
+            "p = build_parser(only='generate'); a = p.parse_args(['generate', '--prompt', 'x']); "
+            "print(a.prompt, callable(a._handler), sorted(m for m in ('scipy', 'optax', 'jaxspec.training.train', "
+            "'jaxspec.exactness.harness') if m in sys.modules)); "
+            "print(p.format_help())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, help_text = r.stdout.split("\n", 1)
+    assert first == "x True []"
+    assert all(c.name in help_text for c in cli.COMMANDS)
+    assert cli.build_parser(only="").parse_args(["verify"]).command == "verify"  # no flags set up: names only
+
+
 # The same settings as tests/test_train.py, so that one pytest process compiles each step once.
 TINY_RUN = ["--preset", "tiny", "--steps", "24", "--batch-size", "8", "--seq-len", "32", "--lr", "1e-2",
             "--warmup-steps", "3", "--eval-every", "12", "--eval-windows", "16", "--checkpoint-every", "8",

@@ -241,7 +241,9 @@ def _import_time_module(line):
 @pytest.mark.parametrize(
     "how, argv, command, at",
     [
-        ("script", ["--help"], None, "jax."),  # the console script of [project.scripts]
+        # the console script of [project.scripts] (`jaxspec --help` imports no JAX: a command's
+        # flags are set up only when it runs, tests/test_cli.py)
+        ("script", ["generate", "--prompt", "def f(x):"], "generate", "jax."),
         ("module", ["generate", "--prompt", "def f(x):"], "generate", "jax."),  # python -m jaxspec.cli
         # later: JAX half imported (import jaxspec imports nothing heavy and the command line
         # imports flax only in the command, so JAX's import is the whole start)

@@ -205,7 +205,7 @@ def test_the_whole_recipe_on_a_tiny_model(smol, tmp_path):
     tok, model = smol
     cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, warmup_steps=1, eval_every=2, eval_windows=2,
                       checkpoint_every=2)
-    kw = dict(model_digest="weights:test", per_category=1, max_new_tokens=24, rows=8, vocab=512,
+    kw = dict(model_digest="weights:test", per_category=1, max_new_tokens=24, rows=64, vocab=512,
               train_config=cfg, progress=False)
     rep = run_recipe(model, tok, tmp_path, **kw)
     assert rep["instructions"] >= 172 and rep["answers"]["answer_tokens"] >= 24 * rep["answers"]["records"] // 2

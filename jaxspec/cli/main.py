@@ -43,8 +43,14 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
-    """The ``jaxspec`` parser with one subparser per command (names must be distinct)."""
+def build_parser(commands: Sequence[Command] = COMMANDS, *, only: str | None = None) -> argparse.ArgumentParser:
+    """The ``jaxspec`` parser with one subparser per command (names must be distinct).
+
+    ``only``: set up the flags of that command alone (none where it names no command); the
+    others keep their names and help, which is all ``jaxspec --help`` and a usage error need.
+    A command's setup imports what its defaults come from (the trainer's configuration, the
+    harness's tables and with them SciPy and Optax: seconds at every start), which a run of
+    another command never uses."""
     parser = argparse.ArgumentParser(
         prog="jaxspec", description="Lossless tree speculative decoding in JAX/XLA."
     )
@@ -61,7 +67,8 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
             raise ValueError(f"command {c.name!r} is already registered")
         seen.add(c.name)
         p = sub.add_parser(c.name, help=c.help, description=c.help)
-        p.set_defaults(_handler=c.setup(p), _error_status=c.error_status)
+        if only is None or c.name == only:
+            p.set_defaults(_handler=c.setup(p), _error_status=c.error_status)
     return parser
 
 
@@ -104,7 +111,7 @@ def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COM
 
 
 def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[str]) -> int:
-    parser = build_parser(commands)
+    parser = build_parser(commands, only=name[0].removeprefix("jaxspec").strip())
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help / --version (0) or a usage error (2), already printed

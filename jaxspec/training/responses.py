@@ -60,14 +60,16 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
         raise ValueError(f"write_responses: max_new_tokens = {max_new_tokens!r}; expected a positive integer")
     gguf = packaged_file(target)
     tok = load_tokenizer(target)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                              dtype=torch.float32).eval()
     eos = tok.eos_id
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {(r["index"], r["temperature"]) for r in read_responses(out)}
     items = instructions()[:limit]
     todo = [(i, t) for t in TEMPERATURES for i in range(len(items)) if (i, t) not in done]
+    if not todo:  # a finished run: no model to load (transformers' GGUF loader takes tens of seconds)
+        return read_responses(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                              dtype=torch.float32).eval()
     prompts = {i: tok.encode_chat(items[i][1]) for i, _ in todo}
     todo.sort(key=lambda it: (it[1], len(prompts[it[0]])))  # similar lengths share a batch: less padding
     bar = tqdm(total=len(todo), desc="responses", disable=not progress, dynamic_ncols=True)
