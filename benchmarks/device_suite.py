@@ -136,23 +136,20 @@ def main(argv=None) -> int:
             ax.bar(list(r["parts"]), [x["seconds"] for x in r["parts"].values()])
             ax.set_ylabel("seconds")
             ax.set_title(f"device suite parts, {r['machine']['device_kind']}", fontsize=8)
-            fig.tight_layout()
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
-            return
-        vc = r["parts"]["verify_cost"]
-        for b in sorted({x["batch"] for x in vc["rows"]}):
-            xs = [x for x in vc["rows"] if x["batch"] == b]
-            ax.plot([x["n"] for x in xs], [x["over_one_token"] for x in xs], "o-", label=f"batch {b}")
-        ax.plot(ns, ns, ":", color="gray", label="N (no batching gain)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel("tokens verified in one forward (N)")
-        ax.set_ylabel("cost / one-token forward")
-        ax.set_title(f"{vc['params'] / 1e6:.0f} M params, {vc['dtype']}, context {vc['context']}, "
-                     f"{r['machine']['device_kind']}", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        else:
+            vc = r["parts"]["verify_cost"]
+            for b in sorted({x["batch"] for x in vc["rows"]}):
+                xs = [x for x in vc["rows"] if x["batch"] == b]
+                ax.plot([x["n"] for x in xs], [x["over_one_token"] for x in xs], "o-", label=f"batch {b}")
+            ax.plot(ns, ns, ":", color="gray", label="N (no batching gain)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_xlabel("tokens verified in one forward (N)")
+            ax.set_ylabel("cost / one-token forward")
+            ax.set_title(f"{vc['params'] / 1e6:.0f} M params, {vc['dtype']}, context {vc['context']}, "
+                         f"{r['machine']['device_kind']}", fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         plt.close(fig)

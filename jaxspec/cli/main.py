@@ -94,12 +94,13 @@ def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COM
     """
     if exit_on_interrupt is None:
         exit_on_interrupt = argv is None
-    name = [_program_name(sys.argv[1:] if argv is None else argv, commands)]  # "jaxspec <cmd>"
+    command = _command_name(sys.argv[1:] if argv is None else argv, commands)
+    name = [f"jaxspec {command}" if command else "jaxspec"]  # for the messages
     interrupts = _Interrupts(name) if exit_on_interrupt else None
     try:
         if interrupts is not None:
             interrupts.install()
-        status = _main(argv, commands, name)
+        status = _main(argv, commands, name, command)
         if interrupts is not None:  # from here on, a SIGINT cannot raise into the teardown
             interrupts.exit_on_next()
         return status
@@ -110,8 +111,8 @@ def main(argv: Sequence[str] | None = None, *, commands: Sequence[Command] = COM
         return EXIT_INTERRUPTED
 
 
-def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[str]) -> int:
-    parser = build_parser(commands, only=name[0].removeprefix("jaxspec").strip())
+def _main(argv: Sequence[str] | None, commands: Sequence[Command], name: list[str], command: str | None) -> int:
+    parser = build_parser(commands, only=command or "")  # no command named: names and help only
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help / --version (0) or a usage error (2), already printed
@@ -157,14 +158,14 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
         pass
 
 
-def _program_name(argv: Sequence[str], commands: Sequence[Command]) -> str:
-    """``jaxspec <cmd>`` for the messages, from the command line itself (before its parser
-    is built: the subcommands' setup imports JAX, and a Ctrl-C may come then)."""
+def _command_name(argv: Sequence[str], commands: Sequence[Command]) -> str | None:
+    """The command the command line names, or None, from the command line itself (before its
+    parser is built: the command's setup imports JAX, and a Ctrl-C may come then)."""
     try:
         first = next((a for a in argv if not str(a).startswith("-")), None)
     except TypeError:  # not a sequence of strings: argparse reports it
-        return "jaxspec"
-    return f"jaxspec {first}" if first in {c.name for c in commands} else "jaxspec"
+        return None
+    return first if first in {c.name for c in commands} else None
 
 
 class _Interrupts:
