@@ -16,16 +16,26 @@ os.environ.setdefault("JAXSPEC_COMPILATION_CACHE", "off")
 # every subprocess a test starts (README blocks, CLI runs, notebook kernels), which compile the
 # same programs of the default models again and again. JAX reads these variables when it is
 # imported. A fresh folder per run (removed at its end), so no test reads a program compiled
-# by another checkout; a JAX_COMPILATION_CACHE_DIR set by the caller is left alone.
+# by another checkout. A JAX_COMPILATION_CACHE_DIR set by the caller is used and left in
+# place: .ci/run sets one for all its stages, so that the long and real-model stages' CLI runs
+# load the programs the default stage's runs compiled.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxspec-test-xla-")
     os.environ["JAXSPEC_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-    # A size limit switches on JAX's file lock around every read and write of the cache.
-    # Without it a write is a plain non-atomic write_bytes, and a second process reading the
-    # same program meanwhile (the subprocesses of both xdist workers compile the same default
-    # models' programs) can get a truncated executable. The limit is never reached by one run.
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# A size limit switches on JAX's file lock around every read and write of the cache.
+# Without it a write is a plain non-atomic write_bytes, and a second process reading the
+# same program meanwhile (the subprocesses of both xdist workers compile the same default
+# models' programs) can get a truncated executable. The limit is never reached by one run.
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
+
+# XLA:CPU compiles without LLVM's expensive optimization passes in the tests: most of the
+# suite's time is compiling small programs that then run briefly, and a sample of the long tests
+# ran 12 % faster so (docs/DEVELOPMENT.md). The passes change how fast the code runs, not what it
+# computes. The subprocesses inherit it; a caller's own XLA_FLAGS are kept.
+_NO_EXPENSIVE_PASSES = "--xla_llvm_disable_expensive_passes=true"
+if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_NO_EXPENSIVE_PASSES}".strip()
 
 # The test processes themselves do not write to the persistent cache: writing some executables
 # to it crashed an xdist worker (a segmentation fault inside JAX's

@@ -36,7 +36,6 @@ def _worker(*parts: str) -> dict:
 
 TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
 GEN_CASES = [f"{tree} T=1.0 mesh=(2, 4)" for tree in TREES[1:]] + [
-    "branch:2,2 T=1.0 mesh=(1, 8)"] + [
     "target-only T=1.0 mesh=(2, 4)", "user drafter branch:2,2 T=1.0 mesh=(2, 4)"]
 
 # One subprocess per part of the worker, each part one test: a module fixture would run
@@ -45,9 +44,9 @@ GEN_CASES = [f"{tree} T=1.0 mesh=(2, 4)" for tree in TREES[1:]] + [
 
 def test_mesh_tokens_equal_one_device():
     """Sampled tokens (T = 1) on the mesh are the one-device tokens, for 6 ragged rows
-    (padded to the data axis) and a stop token: a branching tree and a dynamic tree on
-    (2, 4), the branching tree on (1, 8), target-only decoding and a user drafter on (2, 4).
-    The slow test below runs every tree on every mesh at T = 0 and T = 1."""
+    (padded to the data axis) and a stop token: a branching tree, a dynamic tree, target-only
+    decoding and a user drafter on (2, 4). The slow test below runs every tree on every mesh
+    at T = 0 and T = 1."""
     res = _worker("generations")["generations"]
     assert sorted(res) == sorted(GEN_CASES)
     bad = [k for k, r in res.items() if r["mesh"] != r["ref"] or r.get("lengths") != r.get("ref_lengths")]
@@ -93,6 +92,9 @@ def test_parameters_and_caches_are_split():
     assert p["(2, 4)"]["tokens_spec"] == ["data"]
 
 
+@pytest.mark.slow  # the harness on a model-split mesh passes in test_cli_verify_on_a_mesh ((2, 2), through
+# the command line), and its counts equal one device's on 8 in test_exactness; this compares them
+# on (2, 4) to one device's at 2^15 samples (53 s)
 def test_harness_passes_on_a_mesh():
     h = _worker("harness")["harness"]
     assert h["mesh"]["mesh"] == {"data": 2, "model": 4}

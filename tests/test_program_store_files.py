@@ -5,6 +5,7 @@ XLA_FLAGS, as with the versions, the device kind and jaxspec's source
 (jaxspec/decode/program_store.py)."""
 
 import json
+import os
 import sys
 
 import jax
@@ -96,11 +97,15 @@ def test_xla_flags_are_part_of_the_key(store, monkeypatch):
     """Another XLA_FLAGS may compile another program: it is another file, traced anew."""
     first = Counted(double)
     StoredFunction(first, "double", "v1")(jnp.arange(3.0))
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    before = os.environ.get("XLA_FLAGS")  # tests/conftest.py sets one
+    monkeypatch.setenv("XLA_FLAGS", f"{before or ''} --xla_cpu_enable_fast_math=false")
     second = Counted(double)
     StoredFunction(second, "double", "v1")(jnp.arange(3.0))
     assert first.traces == 1 and second.traces == 1 and len(list(store.glob("*" + SUFFIX))) == 2
-    monkeypatch.delenv("XLA_FLAGS")
+    if before is None:
+        monkeypatch.delenv("XLA_FLAGS")
+    else:
+        monkeypatch.setenv("XLA_FLAGS", before)
     third = Counted(double)
     StoredFunction(third, "double", "v1")(jnp.arange(3.0))
     assert third.traces == 0  # the first file again
