@@ -28,8 +28,7 @@ TARGET, DRAFT = tiny_pair(3, vocab_size=16, hidden_size=32, num_heads=8, num_kv_
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2]]  # 6 ragged rows: padded on data = 8, 4
 MESHES = ((8, 1), (2, 4), (1, 8))
 TREES = ("chain:3", "branch:2,2", "dynamic:depth=3,topk=2,nodes=5")
-# the default test: every tree on (2, 4), the branching tree on the other two meshes;
-# "all" (the slow test): every tree on every mesh, at temperatures 0 and 1
+# "all" (the slow test): every tree on every mesh, at temperatures 0 and 1;
 # the default test's cases: the trees that branch on (2, 4). The chain and the data axis alone
 # (a mesh's simplest cases, also in the streaming test's (4, 2)) and the model axis alone (the
 # CLI test's (1, 2); (1, 8)'s replicated K/V projections are the placements test's) are left to

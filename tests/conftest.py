@@ -33,9 +33,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 # suite's time is compiling small programs that then run briefly, and a sample of the long tests
 # ran 12 % faster so (docs/DEVELOPMENT.md). The passes change how fast the code runs, not what it
 # computes. The subprocesses inherit it; a caller's own XLA_FLAGS are kept.
-_NO_EXPENSIVE_PASSES = "--xla_llvm_disable_expensive_passes=true"
-if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_NO_EXPENSIVE_PASSES}".strip()
+_NO_EXPENSIVE_PASSES = "xla_llvm_disable_expensive_passes"
+if _NO_EXPENSIVE_PASSES not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_NO_EXPENSIVE_PASSES}=true".strip()
 
 # The test processes themselves do not write to the persistent cache: writing some executables
 # to it crashed an xdist worker (a segmentation fault inside JAX's

@@ -92,9 +92,10 @@ def test_parameters_and_caches_are_split():
     assert p["(2, 4)"]["tokens_spec"] == ["data"]
 
 
-@pytest.mark.slow  # the harness on a model-split mesh passes in test_cli_verify_on_a_mesh ((2, 2), through
-# the command line), and its counts equal one device's on 8 in test_exactness; this compares them
-# on (2, 4) to one device's at 2^15 samples (53 s)
+# slow: the harness on a model-split mesh passes in test_cli_verify_on_a_mesh ((2, 2), through the
+# command line), and its counts on 8 data-parallel devices equal one device's in test_exactness;
+# this compares a (2, 4) mesh's counts with one device's at 2^15 samples (53 s)
+@pytest.mark.slow
 def test_harness_passes_on_a_mesh():
     h = _worker("harness")["harness"]
     assert h["mesh"]["mesh"] == {"data": 2, "model": 4}

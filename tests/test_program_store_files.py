@@ -97,15 +97,11 @@ def test_xla_flags_are_part_of_the_key(store, monkeypatch):
     """Another XLA_FLAGS may compile another program: it is another file, traced anew."""
     first = Counted(double)
     StoredFunction(first, "double", "v1")(jnp.arange(3.0))
-    before = os.environ.get("XLA_FLAGS")  # tests/conftest.py sets one
-    monkeypatch.setenv("XLA_FLAGS", f"{before or ''} --xla_cpu_enable_fast_math=false")
-    second = Counted(double)
-    StoredFunction(second, "double", "v1")(jnp.arange(3.0))
+    with monkeypatch.context() as m:  # the caller's XLA_FLAGS (tests/conftest.py sets one) come back after it
+        m.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_enable_fast_math=false")
+        second = Counted(double)
+        StoredFunction(second, "double", "v1")(jnp.arange(3.0))
     assert first.traces == 1 and second.traces == 1 and len(list(store.glob("*" + SUFFIX))) == 2
-    if before is None:
-        monkeypatch.delenv("XLA_FLAGS")
-    else:
-        monkeypatch.setenv("XLA_FLAGS", before)
     third = Counted(double)
     StoredFunction(third, "double", "v1")(jnp.arange(3.0))
     assert third.traces == 0  # the first file again
