@@ -17,7 +17,7 @@ os.environ.setdefault("JAXSPEC_COMPILATION_CACHE", "off")
 # same programs of the default models again and again. JAX reads these variables when it is
 # imported. A fresh folder per run (removed at its end), so no test reads a program compiled
 # by another checkout. A JAX_COMPILATION_CACHE_DIR set by the caller is used and left in
-# place: .ci/run sets one for all its stages, so that the long and real-model stages' CLI runs
+# place: .ci/run sets one for all its stages, so that the later stages' CLI runs
 # load the programs the default stage's runs compiled.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxspec-test-xla-")
@@ -121,10 +121,11 @@ def pytest_collection_modifyitems(config, items):
     config.stash[STALE_LONG] = stale_long_entries([e for e in LONG if e.split("::")[0] not in partial], whole)
 
 
-# The `real` mark: tests that need the optional packages CI installs only for its last stage,
-# which runs `-m real` alone. A test skipped for want of one of them but not marked `real` would
-# run in no CI stage at all, so such a skip fails instead (in CI's first stages, where they are
-# missing): mark the test, its parameter or its module `real`.
+# The `real` mark: tests that need the optional packages CI installs only after its first stage
+# (the default suite); its last stage runs `-m '(long or real) and not slow'`. A default test
+# skipped for want of one of them but not marked `real` would run in no CI stage at all, so such
+# a skip fails instead (in the default stage, where they are missing): mark the test, its
+# parameter or its module `real`.
 EXTRAS = ("torch", "transformers", "gguf", "tokenizers", "jinja2", "accelerate")
 _MISSING_EXTRA = re.compile(r"could not import '(%s)\b" % "|".join(EXTRAS))
 

@@ -7,7 +7,10 @@ N = 2^20 independent samples (a batch of 2^16 identical prompts per ``generate``
 are independent; 16 calls with keys ``fold_in(seed, chunk)``; counts streamed per call); the
 other cases of the draft model (other trees, schemes, warps and rules) draw
 MODEL_SAMPLES = 2^19, and those of the other drafters (prompt lookup, the feature heads)
-DRAFTER_SAMPLES = 2^18. Tests per case:
+DRAFTER_SAMPLES = 2^18. The default case samples generate's default program (the prompt
+padded to a 32-column bucket); the others sample the unpadded program (``prompt_bucket=None``,
+see BUCKET), whose tokens tests/test_prompt_bucket.py shows equal to the padded program's.
+Tests per case:
 
 * χ² goodness of fit of the joint law of the 3 tokens (64 cells, sparse cells pooled)
   against the exact law enumerated with the target's own ``forward_logits``;
@@ -68,6 +71,12 @@ N_SAMPLES = 1 << 20
 # N_SAMPLES target-only samples
 MODEL_SAMPLES = 1 << 19
 CHUNK = 1 << 16
+# every case but the default one samples the unpadded program (prompt_bucket=None: a cache of
+# prompt + L + tree slots, not a prompt padded to 32 columns), in half the time (a quarter for
+# target-only sampling); tests/test_prompt_bucket.py shows that the padded program emits the
+# unpadded one's tokens for the same key (every drafter, chain, branching and dynamic trees,
+# continuous batching, target-only; T = 0 and 1), so the law shown for one is the other's
+BUCKET = None
 MUTANT_SAMPLES = 1 << 16
 # the drafter cases beyond the draft model (prompt lookup, the three feature heads) test that the
 # drafter's path through generate keeps the law the model cases establish at N_SAMPLES: 2^18 each
@@ -122,13 +131,13 @@ def _autoregressive_counts(warp_key, prompt=tuple(PROMPT)):
 
     def run(key):
         return gen.generate_autoregressive(key, target, prompts, max_new_tokens=L,
-                                           sampling=Sampling(**WARPS[warp_key])).tokens
+                                           sampling=Sampling(**WARPS[warp_key]), prompt_bucket=BUCKET).tokens
 
     return _count(run, seed=4242 + len(warp_key) + len(prompt))
 
 
 def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N_SAMPLES, rule="token",
-                        draft=None, prompt=tuple(PROMPT)):
+                        draft=None, prompt=tuple(PROMPT), bucket=BUCKET):
     target, model_draft = _pair()
     draft = model_draft if draft is None else draft
     prompts = _prompts(prompt)
@@ -137,7 +146,7 @@ def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N
 
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme, rule=rule,
-                                **warp).tokens
+                                prompt_bucket=bucket, **warp).tokens
 
     else:  # a broken decoder: generate with the mutant's rule or one of the round's parts
         broken = mutants.decoder(mutant)
@@ -146,7 +155,7 @@ def _speculative_counts(tree, scheme, warp_key, seed, mutant=None, num_samples=N
 
         def run(key):
             return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=tree, scheme=scheme,
-                                **broken, **warp).tokens
+                                prompt_bucket=bucket, **broken, **warp).tokens
 
     return _count(run, seed, num_samples)
 
@@ -214,8 +223,10 @@ assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CAS
 )
 def test_generate_matches_exact_target_law(tree, scheme, warp_key):
     seed = 100 * list(TREES).index(tree) + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
-    n = N_SAMPLES if (tree, scheme, warp_key) == CASES[0] else MODEL_SAMPLES
-    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, num_samples=n)
+    first = (tree, scheme, warp_key) == CASES[0]  # generate's default program, at N_SAMPLES
+    n = N_SAMPLES if first else MODEL_SAMPLES
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, num_samples=n,
+                                 bucket=gen.PROMPT_BUCKET if first else BUCKET)
     assert counts.sum() == n
     _check(counts, _exact(warp_key), f"{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
@@ -309,7 +320,7 @@ def test_generate_ragged_batch_matches_each_prompts_law():
     def run(key):
         return gen.generate(
             key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-            sampling=Sampling(**WARPS[warp_key]),
+            sampling=Sampling(**WARPS[warp_key]), prompt_bucket=BUCKET,
         ).tokens
 
     counts = _count(run, seed=7000, num_samples=len(RAGGED) * RAGGED_SAMPLES, groups=len(RAGGED))
@@ -338,7 +349,7 @@ def test_generate_queue_matches_each_prompts_law():
 
     def run(key):
         out = gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-                           rows=QUEUE_ROWS, sampling=Sampling(**WARPS[warp_key]))
+                           rows=QUEUE_ROWS, sampling=Sampling(**WARPS[warp_key]), prompt_bucket=BUCKET)
         rounds.append(np.bincount(np.asarray(out.rounds), minlength=L + 1))
         return out.tokens
 
@@ -370,7 +381,7 @@ def test_exact_law_is_informative():
     cond = exact / exact.sum(axis=2, keepdims=True)  # law of y3 given (y1, y2)
     assert np.abs(cond - cond.mean(axis=(0, 1))).max() > 0.2
     target, draft = _pair()
-    out = gen.generate(  # the chain/iid case's configuration and shapes: no new compilation
+    out = gen.generate(  # the chain/iid case's configuration and shapes (the default bucket): no new compilation
         jax.random.key(0), target, draft, _prompts(), max_new_tokens=L, tree=TREES["chain"], scheme="iid"
     )
     rate = np.asarray(out.accepted_per_depth)[:, 0].sum() / np.asarray(out.rounds).sum()
@@ -405,7 +416,8 @@ def test_harness_rejects_broken_ngram_decoders(tree, mutant):
     prompts = _prompts(NGRAM_PROMPT)
 
     def run(key):
-        return gen.generate(key, target, NgramDraft(), prompts, max_new_tokens=L, tree=TREES[tree], **broken).tokens
+        return gen.generate(key, target, NgramDraft(), prompts, max_new_tokens=L, tree=TREES[tree], prompt_bucket=BUCKET,
+                            **broken).tokens
 
     counts = _count(run, 9100, MUTANT_SAMPLES)
     joint = chisquare_gof(counts, _exact("none", NGRAM_PROMPT))
@@ -454,7 +466,7 @@ def test_harness_rejects_broken_refills(mutant, monkeypatch):
 
     def run(key):
         return gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-                            rows=rows, sampling=Sampling(**WARPS[warp_key])).tokens
+                            rows=rows, sampling=Sampling(**WARPS[warp_key]), prompt_bucket=BUCKET).tokens
 
     counts = _count(run, seed=9300, num_samples=2 * MUTANT_SAMPLES, groups=len(RAGGED))
     joints = [chisquare_gof(c, _exact(warp_key, tuple(p))) for p, c in zip(RAGGED, counts)]

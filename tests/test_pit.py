@@ -44,6 +44,12 @@ STRONG_MUTANTS = ("depth-row", "causal-mask", "warp-mismatch", "bonus-kv-slot")
 #: at 512, stays at 2048)
 MUTANT_SAMPLES_MEDIUM = 1024
 MEDIUM_MUTANTS = ("block-first-failure", "traversal-parent-update")
+#: the three rejected with the least margin, and only at 2048 samples (adjusted p 1.6e-24, 6.0e-9 and
+#: 1.1e-11, docs/EVIDENCE.md): `slow` (-m slow), 46-50 s each in CI's last stage. CI still rejects
+#: each against an exact law at a small vocabulary (test_exactness.py::test_mutant_is_rejected for
+#: the first two, test_accept_exactness.py::test_harness_rejects_broken_rules for reused-uniform),
+#: and the PIT at V = 49,152 rejects the other six (changed after looking, for CI's time)
+NARROW_MUTANTS = ("no-residual-update", "reused-uniform", "block-unclipped")
 ALPHA = 1e-3
 MUTANT_THRESH = 1e-6
 
@@ -282,11 +288,15 @@ def _mutant_kw(name):
     return {**kw, **MUTANT_WARPS.get(name, {})}
 
 
-# the mutants these sample counts do not reject are strict xfails, `slow` (-m slow): each costs as
-# much as a rejected one (40-57 s on the 2-core CPU) and shows only that the power is still lacking
-@pytest.mark.parametrize("mutant", [pytest.param(m, marks=[pytest.mark.slow,
-                                                           pytest.mark.xfail(strict=True, reason=NOT_REJECTED[m])])
-                                    if m in NOT_REJECTED else m for m in mutants.MUTANTS])
+def _mutant_param(m):
+    # the mutants these sample counts do not reject are strict xfails, `slow` (-m slow): each costs as
+    # much as a rejected one (40-57 s on the 2-core CPU) and shows only that the power is still lacking
+    if m in NOT_REJECTED:
+        return pytest.param(m, marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason=NOT_REJECTED[m])])
+    return pytest.param(m, marks=pytest.mark.slow) if m in NARROW_MUTANTS else m
+
+
+@pytest.mark.parametrize("mutant", [_mutant_param(m) for m in mutants.MUTANTS])
 def test_every_mutant_is_rejected_at_a_real_vocabulary(big_pair, mutant):
     """Every mutant but NOT_REJECTED (a strict xfail, run with -m slow): V = 49,152, 2048 samples of 6 tokens
     (STRONG_MUTANTS 512, MEDIUM_MUTANTS 1024)
