@@ -7,9 +7,10 @@ N = 2^20 independent samples (a batch of 2^16 identical prompts per ``generate``
 are independent; 16 calls with keys ``fold_in(seed, chunk)``; counts streamed per call); the
 other cases of the draft model (other trees, schemes, warps and rules) draw
 MODEL_SAMPLES = 2^19, and those of the other drafters (prompt lookup, the feature heads)
-DRAFTER_SAMPLES = 2^18. The default case samples generate's default program (the prompt
-padded to a 32-column bucket); the others sample the unpadded program (``prompt_bucket=None``,
-see BUCKET), whose tokens tests/test_prompt_bucket.py shows equal to the padded program's.
+DRAFTER_SAMPLES = 2^18. The default case, the dynamic tree and the queue sample generate's
+default program (the prompt padded to a 32-column bucket); the others sample the unpadded
+program (``prompt_bucket=None``, see BUCKET), whose tokens tests/test_prompt_bucket.py shows
+equal to the padded program's.
 Tests per case:
 
 * χ² goodness of fit of the joint law of the 3 tokens (64 cells, sparse cells pooled)
@@ -71,11 +72,13 @@ N_SAMPLES = 1 << 20
 # N_SAMPLES target-only samples
 MODEL_SAMPLES = 1 << 19
 CHUNK = 1 << 16
-# every case but the default one samples the unpadded program (prompt_bucket=None: a cache of
-# prompt + L + tree slots, not a prompt padded to 32 columns), in half the time (a quarter for
-# target-only sampling); tests/test_prompt_bucket.py shows that the padded program emits the
-# unpadded one's tokens for the same key (every drafter, chain, branching and dynamic trees,
-# continuous batching, target-only; T = 0 and 1), so the law shown for one is the other's
+# the cases on chains and branching trees but the default one sample the unpadded program
+# (prompt_bucket=None: a cache of prompt + L + tree slots, not a prompt padded to 32 columns), in
+# half the time (a quarter for target-only sampling); tests/test_prompt_bucket.py shows that the
+# padded program emits the unpadded one's tokens for the same key (every drafter on a chain, the
+# draft model on a branching tree, target-only; T = 0 and 1), so the law shown for one is the
+# other's. The default case, the dynamic tree and the queue sample generate's default (padded)
+# program itself; the mutants (power only) sample the unpadded one.
 BUCKET = None
 MUTANT_SAMPLES = 1 << 16
 # the drafter cases beyond the draft model (prompt lookup, the three feature heads) test that the
@@ -223,10 +226,10 @@ assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CAS
 )
 def test_generate_matches_exact_target_law(tree, scheme, warp_key):
     seed = 100 * list(TREES).index(tree) + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
-    first = (tree, scheme, warp_key) == CASES[0]  # generate's default program, at N_SAMPLES
-    n = N_SAMPLES if first else MODEL_SAMPLES
+    n = N_SAMPLES if (tree, scheme, warp_key) == CASES[0] else MODEL_SAMPLES
+    padded = (tree, scheme, warp_key) == CASES[0] or tree == "dynamic"  # generate's default program
     counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, num_samples=n,
-                                 bucket=gen.PROMPT_BUCKET if first else BUCKET)
+                                 bucket=gen.PROMPT_BUCKET if padded else BUCKET)
     assert counts.sum() == n
     _check(counts, _exact(warp_key), f"{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 
@@ -349,7 +352,7 @@ def test_generate_queue_matches_each_prompts_law():
 
     def run(key):
         out = gen.generate(key, target, draft, prompts, max_new_tokens=L, tree=TREES[tree], scheme=scheme,
-                           rows=QUEUE_ROWS, sampling=Sampling(**WARPS[warp_key]), prompt_bucket=BUCKET)
+                           rows=QUEUE_ROWS, sampling=Sampling(**WARPS[warp_key]))  # the default (padded) program
         rounds.append(np.bincount(np.asarray(out.rounds), minlength=L + 1))
         return out.tokens
 
