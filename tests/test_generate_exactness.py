@@ -226,10 +226,10 @@ assert (5 * (len(CASES) + len(SLOW_CASES) + len(BLOCK_CASES) + len(TRAVERSAL_CAS
 )
 def test_generate_matches_exact_target_law(tree, scheme, warp_key):
     seed = 100 * list(TREES).index(tree) + 10 * SCHEMES.index(scheme) + list(WARPS).index(warp_key)
-    n = N_SAMPLES if (tree, scheme, warp_key) == CASES[0] else MODEL_SAMPLES
-    padded = (tree, scheme, warp_key) == CASES[0] or tree == "dynamic"  # generate's default program
-    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, num_samples=n,
-                                 bucket=gen.PROMPT_BUCKET if padded else BUCKET)
+    first = (tree, scheme, warp_key) == CASES[0]
+    n = N_SAMPLES if first else MODEL_SAMPLES
+    counts = _speculative_counts(TREES[tree], scheme, warp_key, seed, num_samples=n,  # dynamic: the default program
+                                 bucket=gen.PROMPT_BUCKET if first or tree == "dynamic" else BUCKET)
     assert counts.sum() == n
     _check(counts, _exact(warp_key), f"{tree}/{scheme}/{warp_key}", _autoregressive_counts(warp_key))
 

@@ -104,23 +104,25 @@ def test_prompts_of_one_bucket_share_one_program(pair, new_programs, mode):
     assert new_programs.configs == 2 and new_programs() == 2  # one program per length
 
 
+def _assert_bucketed_is_unpadded(target, draft, tree, temperature, seed):
+    """generate with PROMPTS padded to a 32-column bucket and unpadded: the same results."""
+    kw = dict(max_new_tokens=12, tree=tree, sampling=Sampling(temperature=temperature), stop_tokens=(0,))
+    outs = [gen.generate(jax.random.key(seed), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
+    assert_same_results(*outs)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_bucketed_tokens_are_the_unpadded_tokens(pair, temperature, drafter):
     target, draft = pair
-    draft = tiny_drafter(drafter, target, draft)
-    kw = dict(max_new_tokens=12, tree="chain:3", sampling=Sampling(temperature=temperature), stop_tokens=(0,))
-    outs = [gen.generate(jax.random.key(7), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
-    assert_same_results(*outs)
+    _assert_bucketed_is_unpadded(target, tiny_drafter(drafter, target, draft), "chain:3", temperature, seed=7)
 
 
 def test_bucketed_branching_tree_tokens_are_the_unpadded_tokens(pair):
     """T = 1 on a branching tree: with the chains above, the configurations whose law
     tests/test_generate_exactness.py shows on the unpadded program."""
     target, draft = pair
-    kw = dict(max_new_tokens=12, tree="branch:2,2", sampling=Sampling(temperature=1.0), stop_tokens=(0,))
-    outs = [gen.generate(jax.random.key(9), target, draft, PROMPTS, prompt_bucket=b, **kw) for b in (None, 32)]
-    assert_same_results(*outs)
+    _assert_bucketed_is_unpadded(target, draft, "branch:2,2", 1.0, seed=9)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
