@@ -118,26 +118,32 @@ def test_ctrl_c_in_the_teardown_exits_130(tmp_path, argv):
 
 
 # Ctrl-C where Python would drop the KeyboardInterrupt: in a garbage-collector callback (as
-# JAX's, which runs often), or in a library that swallows it (``except BaseException``)
+# JAX's, which runs often), or in a library that swallows it (``except BaseException``); and a
+# second Ctrl-C after a swallowed one
 _SWALLOW_SCRIPT = textwrap.dedent("""
     import gc, os, signal, sys, time
     from jaxspec.cli.common import Command
     from jaxspec.cli.main import _Interrupts, main
+
+    WHERE = sys.argv[1]
 
     def ctrl_c_here():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.5)  # the handler runs here, inside
 
     def run(args):
-        if sys.argv[1] == "gc":
+        if WHERE == "gc":
             _Interrupts.GRACE_S = 600  # only the delivery outside the callback can end the 30 s
             gc.callbacks.append(lambda phase, info: phase == "start" and ctrl_c_here())
             gc.collect()
         else:
-            try:
-                ctrl_c_here()
-            except BaseException:
-                pass
+            if WHERE == "twice":
+                _Interrupts.GRACE_S = 600  # only the second Ctrl-C can end the 30 s
+            for _ in range(2 if WHERE == "twice" else 1):
+                try:
+                    ctrl_c_here()
+                except BaseException:
+                    pass
         time.sleep(30)
         return 0
 
@@ -146,13 +152,14 @@ _SWALLOW_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["gc", "except"])
+@pytest.mark.parametrize("where", ["gc", "except", "twice"])
 def test_ctrl_c_that_python_would_drop_still_exits_130(tmp_path, where):
-    """A SIGINT in a gc callback is delivered again outside it (no watchdog needed); one
-    swallowed by the command is caught by the watchdog (5 s later): status 130 and one line
-    either way, no "Exception ignored in: <function ...>", before the command's 30 s end."""
+    """A SIGINT in a gc callback is sent again until it arrives outside (the watchdog's 5 s
+    deadline switched off); one swallowed by the command is caught by the watchdog 5 s later;
+    a second one exits at once, swallowed or not: status 130 and one line each time, no
+    "Exception ignored in: <function ...>", before the command's 30 s end."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", _SWALLOW_SCRIPT.replace('sys.argv[1] == "gc"', repr(where == "gc"))],
+    r = subprocess.run([sys.executable, "-c", _SWALLOW_SCRIPT, where],
                        capture_output=True, text=True, env=_env(tmp_path), timeout=120, check=False)
     _check_interrupted(r.returncode, r.stderr, "swallow")
     assert time.perf_counter() - t0 < 25  # not the command's 30 s

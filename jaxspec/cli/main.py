@@ -176,18 +176,30 @@ class _Interrupts:
       :meth:`exit`: flush stdout and stderr, print the line, ``os._exit(130)``, skipping the
       interpreter's teardown (XLA's compiling threads crash it: status 139).
     * A SIGINT while a garbage-collector callback or a ``__del__`` runs (JAX has one; Python
-      prints and drops exceptions raised there) is delivered again a moment later, outside.
+      prints and drops exceptions raised there) is left pending: the watchdog thread sends it
+      to the main thread again every :data:`RESEND_S` seconds until one arrives outside and
+      raises. One re-sent signal is not enough: one that lands just before a blocking call
+      (``time.sleep``, a read) sets Python's flag without interrupting the call, and the
+      handler would run only when the call returns; the next one interrupts it.
     * Whatever swallows the ``KeyboardInterrupt`` (a library's ``except BaseException``),
-      :data:`GRACE_S` seconds after the first SIGINT a watchdog thread exits the same way.
+      :data:`GRACE_S` seconds after the first SIGINT the watchdog exits the same way.
+    * A SIGINT after the ``KeyboardInterrupt`` was raised (a second Ctrl-C while the command
+      cleans up) exits at once.
     * After the command (:meth:`exit_on_next`): a SIGINT exits at once (during ``atexit``
       callbacks it would be "Exception ignored" and the command's status).
     """
 
     GRACE_S = 5.0
+    RESEND_S = 0.05
 
     def __init__(self, name: list[str]):
         self.name = name  # main's holder of "jaxspec <cmd>"
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # exit(): one line, whichever thread comes first
+        # the watchdog's check-and-send against the handler's update (reentrant: a SIGINT can
+        # run the handler again inside itself)
+        self.pending_lock = threading.RLock()
+        self.pending = False  # a SIGINT came while Python would drop it, not raised yet
+        self.raised = False
         self.watchdog: threading.Thread | None = None
 
     def install(self) -> None:
@@ -208,18 +220,25 @@ class _Interrupts:
             os._exit(EXIT_INTERRUPTED)
 
     def _during_command(self, signum, frame) -> None:
+        if self.raised:
+            self.exit()
         if self.watchdog is None:
             self.watchdog = threading.Thread(target=self._watch, name="jaxspec-interrupt", daemon=True)
             self.watchdog.start()
-        if _in_swallowing_frame(frame):
-            again = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-            again.daemon = True
-            again.start()
-            return
-        raise KeyboardInterrupt
+        swallowing = _in_swallowing_frame(frame)
+        with self.pending_lock:
+            self.pending, self.raised = swallowing, not swallowing
+        if self.raised:
+            raise KeyboardInterrupt
 
     def _watch(self) -> None:
-        time.sleep(self.GRACE_S)
+        deadline = time.monotonic() + self.GRACE_S
+        main_thread = threading.main_thread().ident
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(self.RESEND_S, left))
+            with self.pending_lock:
+                if self.pending:
+                    signal.pthread_kill(main_thread, signal.SIGINT)
         self.exit()
 
 
