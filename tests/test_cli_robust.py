@@ -118,10 +118,10 @@ def test_ctrl_c_in_the_teardown_exits_130(tmp_path, argv):
 
 
 # Ctrl-C where Python would drop the KeyboardInterrupt: in a garbage-collector callback (as
-# JAX's, which runs often), or in a library that swallows it (``except BaseException``); and a
-# second Ctrl-C after a swallowed one
+# JAX's, which runs often; also with the command cleaning up after it), or in a library that
+# swallows it (``except BaseException``); and a second Ctrl-C after a swallowed one
 _SWALLOW_SCRIPT = textwrap.dedent("""
-    import gc, os, signal, sys, time
+    import collections, gc, hashlib, itertools, os, signal, sys, time
     from jaxspec.cli.common import Command
     from jaxspec.cli.main import _Interrupts, main
 
@@ -136,6 +136,22 @@ _SWALLOW_SCRIPT = textwrap.dedent("""
             _Interrupts.GRACE_S = 600  # only the delivery outside the callback can end the 30 s
             gc.callbacks.append(lambda phase, info: phase == "start" and ctrl_c_here())
             gc.collect()
+        elif WHERE == "cleanup":
+            _Interrupts.GRACE_S = 600
+            big = [b"x" * (8 << 20)] * 20
+            try:
+                # the SIGINT in a short callback, so that the first re-send comes during ...
+                gc.callbacks.append(lambda phase, info: phase == "start" and os.kill(os.getpid(), signal.SIGINT))
+                gc.collect()
+                gc.callbacks.clear()
+                # ... C code that first releases the GIL (the watchdog sends the signal again,
+                # which only sets Python's flag), then holds it for about a second: the handler
+                # runs after it, while the watchdog waits for the GIL
+                collections.deque(itertools.chain(map(hashlib.sha256, big), range(50_000_000)), maxlen=0)
+                time.sleep(30)
+            except KeyboardInterrupt:
+                print("cleaned up", file=sys.stderr, flush=True)  # e.g. train's "resume with ..."
+                raise
         else:
             if WHERE == "twice":
                 _Interrupts.GRACE_S = 600  # only the second Ctrl-C can end the 30 s
@@ -152,17 +168,19 @@ _SWALLOW_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("where", ["gc", "except", "twice"])
+@pytest.mark.parametrize("where", ["gc", "cleanup", "except", "twice"])
 def test_ctrl_c_that_python_would_drop_still_exits_130(tmp_path, where):
     """A SIGINT in a gc callback is sent again until it arrives outside (the watchdog's 5 s
-    deadline switched off); one swallowed by the command is caught by the watchdog 5 s later;
-    a second one exits at once, swallowed or not: status 130 and one line each time, no
-    "Exception ignored in: <function ...>", before the command's 30 s end."""
+    deadline switched off), and no re-sent one ends the command's cleanup after the raise; one
+    swallowed by the command is caught by the watchdog 5 s later; a second one exits at once,
+    swallowed or not: status 130 and one line each time, no "Exception ignored in: <function
+    ...>", before the command's 30 s end."""
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", _SWALLOW_SCRIPT, where],
                        capture_output=True, text=True, env=_env(tmp_path), timeout=120, check=False)
     _check_interrupted(r.returncode, r.stderr, "swallow")
     assert time.perf_counter() - t0 < 25  # not the command's 30 s
+    assert ("cleaned up" in r.stderr) == (where == "cleanup"), r.stderr
 
 
 def _boom_command(where):

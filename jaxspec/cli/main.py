@@ -184,7 +184,8 @@ class _Interrupts:
     * Whatever swallows the ``KeyboardInterrupt`` (a library's ``except BaseException``),
       :data:`GRACE_S` seconds after the first SIGINT the watchdog exits the same way.
     * A SIGINT after the ``KeyboardInterrupt`` was raised (a second Ctrl-C while the command
-      cleans up) exits at once.
+      cleans up) exits at once. The watchdog sends nothing while the handler runs, so that
+      no signal of its own comes after the raise.
     * After the command (:meth:`exit_on_next`): a SIGINT exits at once (during ``atexit``
       callbacks it would be "Exception ignored" and the command's status).
     """
@@ -211,12 +212,16 @@ class _Interrupts:
     def exit(self) -> NoReturn:
         """The line (once, whichever thread comes first), flushed outputs, ``os._exit(130)``."""
         _on_sigint(signal.SIG_IGN)  # a second Ctrl-C meanwhile: no second line
-        with self.lock:  # held to the end: a second caller waits for os._exit
+        # Held to the end: a second caller waits for the first one's os._exit. At most 1 s: the
+        # main thread, interrupted inside a write, holds that stream's lock, which the
+        # watchdog's flush may be waiting for.
+        self.lock.acquire(timeout=1.0)
+        try:
             _flush()
-            try:
-                print(f"{self.name[0]}: interrupted", file=sys.stderr, flush=True)
-            except (OSError, ValueError, AttributeError):  # a closed stderr
-                pass
+            print(f"{self.name[0]}: interrupted", file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - a closed stream, or one whose write this interrupted
+            pass
+        finally:
             os._exit(EXIT_INTERRUPTED)
 
     def _during_command(self, signum, frame) -> None:
@@ -237,9 +242,22 @@ class _Interrupts:
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(self.RESEND_S, left))
             with self.pending_lock:
-                if self.pending:
+                # not while the main thread is inside the handler: CPython has cleared the
+                # signal's flag before calling it, so a signal sent then would run the handler
+                # once more after it has raised (the main thread can be stopped there, at the
+                # handler's first instruction, to let this thread run)
+                if self.pending and not _in_handler(sys._current_frames().get(main_thread)):
                     signal.pthread_kill(main_thread, signal.SIGINT)
         self.exit()
+
+
+def _in_handler(frame) -> bool:
+    """Whether ``frame`` runs (in) :meth:`_Interrupts._during_command`."""
+    while frame is not None:
+        if frame.f_code is _Interrupts._during_command.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _in_swallowing_frame(frame) -> bool:
@@ -257,8 +275,8 @@ def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError, AttributeError):  # a closed pipe, a closed or absent stream
-            pass
+        except (OSError, ValueError, AttributeError, RuntimeError):  # a closed pipe, a closed or absent
+            pass  # stream, a reentrant call (a signal handler interrupted this stream's write)
 
 
 def _on_sigint(handler) -> None:
