@@ -9,7 +9,10 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+# 2 host devices, unless the caller asked (tests/test_mesh.py does); the caller's other flags stay
+# (tests/conftest.py compiles without LLVM's expensive passes)
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
 
 import jax  # noqa: E402
 

@@ -39,6 +39,7 @@ from jaxspec.core.treespec import resolve_tree
 
 from jaxspec.decode import generate as gen
 from jaxspec.decode.as_drafter import as_drafter
+from _env import host_devices_env
 
 SMALL = 1 << 14
 MUTANT_SAMPLES = 1 << 15
@@ -525,7 +526,7 @@ def test_counts_identical_on_1_and_8_devices():
     """20000 samples in blocks of 4096: 5 blocks, one step on 8 devices (3 idle), five on 1."""
     procs = {}
     for n in (1, 8):
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}", JAX_PLATFORMS="cpu")
+        env = host_devices_env(n)
         procs[n] = subprocess.Popen([sys.executable, "-c", _SHARD_SCRIPT], env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
     out = {}

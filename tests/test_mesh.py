@@ -8,7 +8,6 @@ one device is the spec: row randomness is ``fold_in(key, b)`` whatever the mesh.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 import jaxspec
 from jaxspec.nn import sharding
+from _env import host_devices_env
 from _tiny import tiny_pair
 
 HERE = Path(__file__).parent
@@ -27,7 +27,7 @@ TIMEOUT = 900
 
 
 def _worker(*parts: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = host_devices_env(8)
     r = subprocess.run([sys.executable, str(HERE / "_mesh_worker.py"), *parts], capture_output=True, text=True,
                        env=env, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -145,8 +145,7 @@ def test_one_device_mesh_is_plain_generation():
 
 
 def _cli(*argv, devices=None):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)  # the CLI adds the host device count --mesh needs
+    env = host_devices_env(None)  # the CLI adds the host device count --mesh needs
     r = subprocess.run([sys.executable, "-m", "jaxspec.cli", *argv], capture_output=True, text=True, env=env,
                        timeout=TIMEOUT)
     return r
@@ -191,7 +190,7 @@ def test_two_processes_one_mesh_same_tokens():
     """Two CPU processes form one JAX cluster (localhost coordinator, gloo collectives), a
     (2, 2) mesh over their 4 devices; both get every row, equal to one process's tokens."""
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = host_devices_env(2)
     procs = [subprocess.Popen([sys.executable, str(HERE / "_multihost_worker.py"), str(i), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (0, 1)]
     outs = []

@@ -21,6 +21,7 @@ from jaxspec import Sampling
 from jaxspec.cli import main
 from jaxspec.formats.checkpoint import save_model
 from jaxspec.nn.model import init_model
+from _env import host_devices_env
 
 HERE = Path(__file__).parent
 TIMEOUT = 900
@@ -117,7 +118,7 @@ def test_jax_make_mesh_gives_the_one_device_tokens():
     with a ``ShardingTypeError``; ``generate`` and ``generate_autoregressive`` now give the
     one-device tokens on it, as on ``jaxspec.make_mesh``. Other axis names are refused,
     naming the expected ones."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = host_devices_env(4)
     r = _python(_JAX_MESH, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])

@@ -27,6 +27,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from filelock import FileLock  # noqa: E402  (a dependency of transformers)
+from safetensors.torch import save_model as save_torch_model  # noqa: E402
+
 from jaxspec import Sampling  # noqa: E402
 from jaxspec.decode.generate import generate, generate_autoregressive  # noqa: E402
 from jaxspec.decode.ngram import NgramDraft  # noqa: E402
@@ -45,11 +48,34 @@ MESSAGES = [{"role": "user", "content": "Write a Python function that checks whe
                                         "then explain how it works in two sentences."}]
 
 
-@pytest.fixture(scope="module")
-def hf():
+def _from_gguf():
     tok = transformers.AutoTokenizer.from_pretrained(PATH.parent, gguf_file=PATH.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(PATH.parent, gguf_file=PATH.name,
                                                               dtype=torch.float32)
+    return tok, model
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory, worker_id):
+    """``transformers``' GGUF loader dequantizes in Python: 20-45 s in CI. Under xdist the first
+    worker here saves what it loaded (the tensors as safetensors, the config, the tokenizer) in
+    the run's shared temporary folder, and the other worker loads that copy, in a few seconds:
+    the same tensors and tokenizer (checked when this was written: equal state dicts, logits and
+    chat-templated ids)."""
+    if worker_id == "master":
+        tok, model = _from_gguf()
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / "smollm2-transformers"
+        with FileLock(f"{shared}.lock"):
+            if (shared / "model.safetensors").exists():
+                tok = transformers.AutoTokenizer.from_pretrained(shared)
+                model = transformers.AutoModelForCausalLM.from_pretrained(shared, dtype=torch.float32)
+            else:
+                tok, model = _from_gguf()
+                # save_pretrained refuses a model loaded from GGUF (its dequantizer is attached)
+                model.config.save_pretrained(shared)
+                save_torch_model(model, str(shared / "model.safetensors"))
+                tok.save_pretrained(shared)
     model.generation_config.pad_token_id = 2
     return tok, model.eval()
 

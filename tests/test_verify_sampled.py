@@ -7,13 +7,13 @@ level alpha / m)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from _env import host_devices_env
 from _tiny import tiny_pair
 
 import jaxspec
@@ -102,7 +102,7 @@ _DEVICES = textwrap.dedent("""
 def test_the_tokens_depend_on_seed_and_chunk_not_on_the_devices():
     """Blocks of 64 rows over 4 host devices give the one-device tokens row for row (300
     samples: 5 blocks, the last one partial, idle devices in the last step)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = host_devices_env(4)
     r = subprocess.run([sys.executable, "-c", _DEVICES], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
