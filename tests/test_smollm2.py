@@ -249,8 +249,8 @@ def test_task_mix_benchmark_tiny(tmp_path):
 
     report, files = run_benchmark("real", "tiny", tmp_path)
     assert Path(files["json"]).exists() and Path(files["png"]).exists()
-    assert [r["category"] for r in report["rows"] if r["mode"] == "target-only"] == ["code", "summary"]
-    assert benchmark_module("real").table(report).startswith("| T | batch | mode | code | summary | all")
+    assert [r["category"] for r in report["rows"] if r["mode"] == "target-only"] == ["code", "math"]
+    assert benchmark_module("real").table(report).startswith("| T | batch | mode | code | math | all")
     assert {r["mode"] for r in report["rows"]} == {"target-only", "ngram chain:4"}
     assert all(r["tau"] >= 1.0 and r["tokens_per_s"] > 0 and 0 < r["num_tokens"] <= 8 for r in report["rows"])
     assert report["headline"]["real_speedup_t1"] > 0 and "| 1 | 1 | ngram chain:4 |" in benchmark_module("real").table(report)
