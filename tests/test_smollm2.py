@@ -218,17 +218,21 @@ def test_cli_refuses(capsys, argv, needle):
     assert code == 2 and needle in err, err
 
 
-def test_training_data_is_the_targets_own_answers(ours, tmp_path):
+def test_training_data_is_the_targets_own_answers(ours, hf, tmp_path):
     """The SmolLM2 head's data (jaxspec.training.responses, smollm2_head.sequences): the
     answers at T = 0 are jaxspec's own greedy decoding of the chat-templated instruction, a
     second call adds nothing (it resumes), and the training sequences are each chat's
-    prompt + answer, then windows of the standard-library corpus."""
+    prompt + answer, then windows of the standard-library corpus. The answering model is the
+    module's ``transformers`` model (``model=``; loaded from the same file as ``model=None``
+    would load it)."""
     from jaxspec.formats.checkpoint import load_tokenizer
     from jaxspec.training.responses import read_responses, write_responses
     from jaxspec.training.smollm2_head import sequences
 
     out = tmp_path / "responses.jsonl"
-    recs = write_responses("smollm2-135m", out, max_new_tokens=8, limit=2, progress=False)
+    with pytest.raises(TypeError, match=r"write_responses: model = str; expected None or a transformers causal"):
+        write_responses("smollm2-135m", out, limit=2, progress=False, model="smollm2-135m")
+    recs = write_responses("smollm2-135m", out, max_new_tokens=8, limit=2, progress=False, model=hf[1])
     assert len(recs) == 4 and {(r["index"], r["temperature"]) for r in recs} == {(0, 0.0), (1, 0.0), (0, 1.0), (1, 1.0)}
     assert write_responses("smollm2-135m", out, max_new_tokens=8, limit=2, progress=False) == recs
     for r in (r for r in recs if r["temperature"] == 0.0):

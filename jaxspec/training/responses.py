@@ -45,11 +45,13 @@ def read_responses(path: str | os.PathLike) -> list[dict]:
 
 
 def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int = 160, batch_size: int = 8,
-                    seed: int = 0, limit: int | None = None, progress: bool = True) -> list[dict]:
+                    seed: int = 0, limit: int | None = None, progress: bool = True, model=None) -> list[dict]:
     """Answer every instruction of :func:`~jaxspec.training.instructions.instructions` (the
     first ``limit`` when given) at each temperature of :data:`TEMPERATURES` with the packaged
     GGUF target ``target``, appending to ``out`` the answers it does not hold yet; returns all
-    records."""
+    records. ``model``: ``target`` as a ``transformers`` causal language model already loaded
+    (float32, in eval mode), for several calls; ``None`` loads it from the GGUF file with
+    ``transformers``' own loader, which takes tens of seconds."""
     import torch  # noqa: PLC0415 (the hf extra)
     import transformers  # noqa: PLC0415
 
@@ -58,6 +60,9 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"write_responses: max_new_tokens = {max_new_tokens!r}; expected a positive integer")
+    if model is not None and not callable(getattr(model, "generate", None)):
+        raise TypeError(f"write_responses: model = {type(model).__name__}; expected None or a transformers causal "
+                        "language model (with .generate)")
     gguf = packaged_file(target)
     tok = load_tokenizer(target)
     eos = tok.eos_id
@@ -68,8 +73,9 @@ def write_responses(target: str, out: str | os.PathLike, *, max_new_tokens: int 
     todo = [(i, t) for t in TEMPERATURES for i in range(len(items)) if (i, t) not in done]
     if not todo:  # a finished run: no model to load (transformers' GGUF loader takes tens of seconds)
         return read_responses(out)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                              dtype=torch.float32).eval()
+    if model is None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                  dtype=torch.float32).eval()
     prompts = {i: tok.encode_chat(items[i][1]) for i, _ in todo}
     todo.sort(key=lambda it: (it[1], len(prompts[it[0]])))  # similar lengths share a batch: less padding
     bar = tqdm(total=len(todo), desc="responses", disable=not progress, dynamic_ncols=True)
