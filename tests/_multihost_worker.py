@@ -9,10 +9,12 @@ import json
 import os
 import sys
 
+from _env import DEVICE_FLAG  # noqa: E402  (this script's folder is first on sys.path)
+
 # 2 host devices, unless the caller asked (tests/test_mesh.py does); the caller's other flags stay
 # (tests/conftest.py compiles without LLVM's expensive passes)
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2".strip()
+if DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DEVICE_FLAG}=2".strip()
 
 import jax  # noqa: E402
 
